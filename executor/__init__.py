@@ -1,0 +1,1 @@
+"""paratwin executor: runs a schedule for real with torch.distributed."""

@@ -1,0 +1,1 @@
+"""Command-line edge: Hydra apps that turn configs into specs and call the library."""

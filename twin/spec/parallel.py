@@ -1,0 +1,182 @@
+"""ParallelPlan: how the model is split over the devices (DP, ZeRO/FSDP, TP, SP, PP)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import List, Optional
+
+from twin.spec.errors import check_choice, raise_if
+
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+RANK_DIMS = ("tp", "cp", "pp", "dp")
+
+
+class ConfigWarning(UserWarning):
+    """A plan that works but is probably not what the user meant."""
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """Degrees of parallelism and the training recipe.
+
+    ``dp=None`` fills the cluster: dp = GPUs / (tp * pp). ``global_batch_size=None``
+    means one micro-batch per DP rank without pipelining, and 4*pp micro-batches
+    with it (enough for every schedule; set it for real runs).
+    """
+
+    dp: Optional[int] = None
+    """Data-parallel degree (replicas, or ZeRO/FSDP shards); None: fill the cluster."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row split)."""
+    pp: int = 1
+    """Pipeline stages."""
+    cp: int = 1
+    """Context parallelism (reserved: must be 1)."""
+    sp: bool = False
+    """Megatron sequence parallelism (needs tp > 1)."""
+    zero_stage: int = 0
+    """0: replicated (DDP); 1: shard optimizer; 2: + gradients; 3: + parameters (FSDP)."""
+    fsdp_reshard_after_forward: bool = True
+    """ZeRO-3/FSDP: free gathered parameters after forward and gather again for backward."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch b."""
+    global_batch_size: Optional[int] = None
+    """Sequences per optimizer step B; None: see the class docstring."""
+    pp_schedule: str = "1f1b"
+    """gpipe, 1f1b, or interleaved (1F1B with pp_virtual_stages chunks per rank)."""
+    pp_virtual_stages: int = 1
+    """Model chunks per pipeline rank v (interleaved only)."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core), or full (whole layer)."""
+    pp_stage_layers: Optional[List[int]] = None
+    """Layers per pipeline stage (uneven splits, e.g. Llama 3 405B: [7, 8 x 14, 7]); None: even."""
+    ddp_bucket_MB: float = 25.0
+    """DDP gradient bucket size in MB (PyTorch's default 25)."""
+    rank_order: str = "tp-cp-pp-dp"
+    """Order of the rank grid's axes, innermost (consecutive ranks) first."""
+    legacy_dp: bool = False
+    """nn.DataParallel: one process drives all dp devices of one node."""
+    flash_attention: bool = True
+    """Fused attention that keeps no s x s scores (memory as with selective recompute)."""
+
+    def __post_init__(self) -> None:
+        if self.pp_stage_layers is not None:
+            object.__setattr__(self, "pp_stage_layers", tuple(self.pp_stage_layers))
+        problems: list[str] = []
+        for name in ("tp", "pp", "micro_batch_size", "pp_virtual_stages"):
+            _check_int(problems, name, getattr(self, name))
+        for name in ("dp", "global_batch_size"):
+            if getattr(self, name) is not None:
+                _check_int(problems, name, getattr(self, name))
+        check_choice(problems, "parallel.zero_stage", self.zero_stage, ZERO_STAGES)
+        check_choice(problems, "parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        check_choice(problems, "parallel.recompute", self.recompute, RECOMPUTE)
+        if self.cp != 1:
+            problems.append(f"parallel.cp={self.cp!r} is reserved and must be 1 "
+                            "(context parallelism is not modelled yet)")
+        if not (isinstance(self.ddp_bucket_MB, (int, float)) and self.ddp_bucket_MB > 0):
+            problems.append(f"parallel.ddp_bucket_MB={self.ddp_bucket_MB!r} must be > 0")
+        try:
+            self.rank_dims
+        except ValueError as err:
+            problems.append(str(err))
+        raise_if(problems)
+
+        if self.sp and self.tp == 1:
+            problems.append("parallel.sp=true needs tensor parallelism but parallel.tp=1; "
+                            "set parallel.tp > 1 or parallel.sp=false")
+        if self.pp_schedule == "interleaved":
+            if self.pp == 1:
+                problems.append("parallel.pp_schedule=interleaved needs parallel.pp > 1; "
+                                "set parallel.pp or use pp_schedule=1f1b")
+            if self.pp_virtual_stages < 2:
+                problems.append(f"parallel.pp_schedule=interleaved needs parallel."
+                                f"pp_virtual_stages >= 2, got {self.pp_virtual_stages}; "
+                                "set it to 2 or more (or use pp_schedule=1f1b)")
+        elif self.pp_virtual_stages != 1:
+            problems.append(f"parallel.pp_virtual_stages={self.pp_virtual_stages} needs "
+                            f"pp_schedule=interleaved (got {self.pp_schedule}); set "
+                            "parallel.pp_virtual_stages=1 or pp_schedule=interleaved")
+        if self.legacy_dp and (self.tp != 1 or self.pp != 1 or self.zero_stage != 0):
+            problems.append(f"parallel.legacy_dp=true (nn.DataParallel) works with tp=1, pp=1, "
+                            f"zero_stage=0 only, got tp={self.tp}, pp={self.pp}, "
+                            f"zero_stage={self.zero_stage}; set legacy_dp=false")
+        if self.pp_stage_layers is not None and len(self.pp_stage_layers) != self.num_stages:
+            problems.append(f"parallel.pp_stage_layers has {len(self.pp_stage_layers)} entries "
+                            f"but pp * pp_virtual_stages = {self.num_stages}; give one layer "
+                            "count per (virtual) stage")
+        if self.pp_stage_layers is not None and any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1
+                for n in self.pp_stage_layers):
+            problems.append(f"parallel.pp_stage_layers={list(self.pp_stage_layers)} must hold "
+                            "positive integers")
+        raise_if(problems)
+        if self.dp is not None and self.global_batch_size is not None:
+            self._check_batch(problems)
+        raise_if(problems)
+        if self.dp == 1 and self.zero_stage > 0:
+            warnings.warn(f"parallel.zero_stage={self.zero_stage} with dp=1 shards over a "
+                          "single rank and saves nothing; use zero_stage=0 or dp > 1",
+                          ConfigWarning, stacklevel=3)
+
+    def _check_batch(self, problems: list[str]) -> None:
+        per_step = self.micro_batch_size * self.dp
+        if self.global_batch_size % per_step:
+            lo = (self.global_batch_size // per_step) * per_step or per_step
+            problems.append(
+                f"parallel.global_batch_size={self.global_batch_size} is not divisible by "
+                f"micro_batch_size * dp = {self.micro_batch_size} * {self.dp} = {per_step}; "
+                f"use a multiple of {per_step} such as {lo} or {lo + per_step}")
+            return
+        m = self.num_microbatches
+        if self.pp > 1 and self.pp_schedule in ("1f1b", "interleaved") and m < self.pp:
+            problems.append(
+                f"pp_schedule={self.pp_schedule} needs at least pp={self.pp} micro-batches "
+                f"per step, got {m} (global_batch_size={self.global_batch_size} / "
+                f"(micro_batch_size={self.micro_batch_size} * dp={self.dp})); set "
+                f"parallel.global_batch_size={self.pp * per_step} or more")
+        elif self.pp_schedule == "interleaved" and self.pp > 1 and m % self.pp:
+            problems.append(
+                f"pp_schedule=interleaved needs the micro-batches per step ({m}) to be a "
+                f"multiple of pp={self.pp}; set parallel.global_batch_size to a multiple of "
+                f"{self.pp * per_step}")
+
+    @property
+    def rank_dims(self) -> tuple[str, ...]:
+        """The grid's axes, innermost first, always all of tp, cp, pp, dp."""
+        dims = tuple(d.strip() for d in str(self.rank_order).split("-"))
+        if sorted(dims) != sorted(RANK_DIMS) and sorted(dims) != sorted(("tp", "pp", "dp")):
+            raise ValueError(
+                f"parallel.rank_order={self.rank_order!r} must name each of tp, cp, pp, dp "
+                "once, innermost first, e.g. 'tp-cp-pp-dp'")
+        if "cp" not in dims:
+            dims = ("cp",) + dims
+        return dims
+
+    @property
+    def num_stages(self) -> int:
+        """Model chunks along the pipeline: pp * pp_virtual_stages."""
+        return self.pp * self.pp_virtual_stages
+
+    @property
+    def num_microbatches(self) -> int:
+        """m = B / (b * dp): micro-batches each pipeline runs per step."""
+        if self.dp is None or self.global_batch_size is None:
+            raise ValueError("num_microbatches needs dp and global_batch_size resolved "
+                             "(use twin.spec.build_job)")
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def world_size(self) -> int:
+        """dp * tp * pp * cp."""
+        if self.dp is None:
+            raise ValueError("world_size needs dp resolved (use twin.spec.build_job)")
+        return self.dp * self.tp * self.pp * self.cp
+
+
+def _check_int(problems: list[str], name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        problems.append(f"parallel.{name}={value!r} must be a positive integer")

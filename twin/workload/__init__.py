@@ -1,0 +1,1 @@
+"""Workload math: parameters, FLOPs, memory and communication volume (pure functions)."""

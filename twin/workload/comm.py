@@ -1,0 +1,133 @@
+"""Communication volume per step of one rank, per group, in closed form.
+
+Sizes follow nccl-tests (PERFORMANCE.md): all-reduce and broadcast count the buffer,
+all-gather the gathered output, reduce-scatter the full input. ``wire_bytes`` is
+what the rank itself sends with ring algorithms: 2(n-1)/n * S for all-reduce,
+(n-1)/n * S for all-gather and reduce-scatter, S for broadcast, reduce and send.
+
+- DP (DDP): one all-reduce of the gradients per step (no_sync across micro-batches).
+- ZeRO-1: reduce-scatter of gradients + all-gather of parameters, 2*Psi like DDP;
+  ZeRO-2 reduce-scatters every micro-batch; ZeRO-3 all-gathers parameters for
+  forward and again for backward (unless not resharded) and reduce-scatters
+  gradients, per micro-batch: 3*Psi, 1.5x DDP (ZeRO §7).
+- TP: per layer and micro-batch two all-reduces of b*s*h forward and two backward
+  (Narayanan §3.2); with SP the same bytes as all-gathers and reduce-scatters
+  (Korthikanti §4.2.2); full recompute repeats the forward two.
+- PP: b*s*h forward to the next stage and backward to the previous per
+  micro-batch and chunk (b*s*h/t under SP); interleaving multiplies by v.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from twin.spec import Job
+from twin.workload.params import stage_params, vocab_rows
+
+WIRE_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "gather": lambda n: 1.0,
+    "scatter": lambda n: 1.0,
+    "send": lambda n: 1.0,
+}
+
+
+@dataclass
+class GroupTraffic:
+    """What one rank moves in one group over one step."""
+
+    name: str
+    size: int
+    calls: dict[str, list[float]] = field(default_factory=dict)
+    """kind -> [count, bytes]"""
+
+    def add(self, kind: str, count: float, nbytes: float) -> None:
+        c = self.calls.setdefault(kind, [0, 0.0])
+        c[0] += count
+        c[1] += count * nbytes
+
+    @property
+    def bytes(self) -> float:
+        return sum(b for _, b in self.calls.values())
+
+    @property
+    def wire_bytes(self) -> float:
+        return sum(WIRE_FACTOR[k](self.size) * b for k, (_, b) in self.calls.items())
+
+    def as_dict(self) -> dict:
+        return {"size": self.size, "bytes": self.bytes, "wire_bytes": self.wire_bytes,
+                "collectives": [{"kind": k, "count": c, "bytes": b}
+                                for k, (c, b) in self.calls.items()]}
+
+
+def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
+    """Per-step traffic of ``rank`` in its dp, tp, pp (and tied-embedding) groups; idle groups omitted."""
+    model, par, grid = job.model, job.parallel, job.grid
+    stage = grid.coord(rank, "pp")
+    m, e = par.num_microbatches, model.dtype_bytes
+    psi_bytes = stage_params(job, stage) * e
+    out: dict[str, GroupTraffic] = {}
+
+    if par.dp > 1:
+        dp = GroupTraffic("dp", par.dp)
+        if par.legacy_dp:
+            logits = 4 * model.seq_len * par.micro_batch_size * model.vocab_size
+            dp.add("broadcast", m, psi_bytes)
+            dp.add("gather", m, logits * par.dp)
+            dp.add("reduce", m, psi_bytes)
+        elif par.zero_stage == 0:
+            dp.add("all_reduce", 1, psi_bytes)
+        elif par.zero_stage == 1:
+            dp.add("reduce_scatter", 1, psi_bytes)
+            dp.add("all_gather", 1, psi_bytes)
+        elif par.zero_stage == 2:
+            dp.add("reduce_scatter", m, psi_bytes)
+            dp.add("all_gather", 1, psi_bytes)
+        else:
+            gathers = 2 if par.fsdp_reshard_after_forward else 1
+            dp.add("all_gather", gathers * m, psi_bytes)
+            dp.add("reduce_scatter", m, psi_bytes)
+        out["dp"] = dp
+
+    bsh = par.micro_batch_size * model.seq_len * model.hidden_size * e
+    if par.tp > 1:
+        tp = GroupTraffic("tp", par.tp)
+        layers = len(job.layers_on_stage(stage))
+        per_layer = 4 + (2 if par.recompute == "full" else 0)
+        if par.sp:
+            tp.add("all_gather", layers * m * per_layer / 2, bsh)
+            tp.add("reduce_scatter", layers * m * per_layer / 2, bsh)
+        else:
+            tp.add("all_reduce", layers * m * per_layer, bsh)
+        if stage == 0:  # vocab-parallel embedding: partial sums combined
+            tp.add("reduce_scatter" if par.sp else "all_reduce", m, bsh)
+        if stage == par.pp - 1:  # LM head input: gathered (SP) forward, reduced backward
+            if par.sp:
+                tp.add("all_gather", m, bsh)
+                tp.add("reduce_scatter", m, bsh)
+            else:
+                tp.add("all_reduce", m, bsh)
+            # vocab-parallel cross-entropy: max, sum of exp, target logit (fp32 per token)
+            tp.add("all_reduce", 3 * m, 4 * par.micro_batch_size * model.seq_len)
+        out["tp"] = tp
+
+    if par.pp > 1:
+        pp = GroupTraffic("pp", par.pp)
+        msg = bsh / (par.tp if par.sp else 1)
+        v = par.pp_virtual_stages
+        fwd_sends = v - (1 if stage == par.pp - 1 else 0)
+        bwd_sends = v - (1 if stage == 0 else 0)
+        pp.add("send", m * (fwd_sends + bwd_sends), msg)
+        out["pp"] = pp
+        if model.tie_embeddings and stage in (0, par.pp - 1):
+            # Megatron keeps the tied embedding on the first and last stage and
+            # all-reduces its gradient between the two once per step.
+            embd = GroupTraffic("embd", 2)
+            embd.add("all_reduce", 1, vocab_rows(model, par.tp) * model.hidden_size * e)
+            out["embd"] = embd
+    return out

@@ -1,0 +1,146 @@
+"""The memory calculator behind `paratwin inspect`: one dict per job, and its text form."""
+
+from __future__ import annotations
+
+from twin.spec import Job
+from twin.workload.comm import step_traffic
+from twin.workload.flops import (layer_forward_flops, lm_head_gemm, model_flops_per_step,
+                                 recompute_forward_flops)
+from twin.workload.memory import rank_memory
+from twin.workload.params import kv_replicas, model_params, stage_params
+
+
+def listed_ranks(job: Job) -> list[int]:
+    """The first rank (dp=0, tp=0) of every pipeline stage; for legacy DP also a replica."""
+    ranks = [job.grid.rank(pp=s) for s in range(job.parallel.pp)]
+    if job.parallel.legacy_dp and job.parallel.dp > 1:
+        ranks.append(job.grid.rank(dp=1))
+    return ranks
+
+
+def rank_flops_per_step(job: Job, rank: int) -> float:
+    """Hardware FLOPs one rank executes per step (its layers, its share of the head)."""
+    model, par = job.model, job.parallel
+    stage = job.grid.coord(rank, "pp")
+    b = par.micro_batch_size
+    per_layer = 3 * layer_forward_flops(model, b, par.tp) + recompute_forward_flops(
+        model, b, par.tp, par.recompute, par.flash_attention)
+    flops = len(job.layers_on_stage(stage)) * per_layer
+    if stage == par.pp - 1:
+        flops += 3 * lm_head_gemm(model, b * model.seq_len, par.tp).flops
+    return flops * par.num_microbatches
+
+
+def inspect_job(job: Job) -> dict:
+    """Parameters, memory by category vs HBM, FLOPs and per-group traffic per listed rank."""
+    model, cluster, par = job.model, job.cluster, job.parallel
+    hbm = cluster.hbm_bytes
+    ranks = []
+    for rank in listed_ranks(job):
+        stage = job.grid.coord(rank, "pp")
+        mem = rank_memory(job, rank)
+        layers = job.layers_on_stage(stage)
+        ranks.append({
+            "rank": rank,
+            "stage": stage,
+            "coords": job.grid.coords(rank),
+            "node": job.grid.node(rank),
+            "layers": [layers[0], layers[-1]] if layers else [],
+            "params": stage_params(job, stage),
+            "memory_bytes": mem.as_dict(),
+            "fits_memory": mem.total <= hbm,
+            "headroom_bytes": hbm - mem.total,
+            "flops_per_step": rank_flops_per_step(job, rank),
+            "groups": {k: g.as_dict() for k, g in step_traffic(job, rank).items()},
+        })
+    return {
+        "model": model.name,
+        "cluster": cluster.name,
+        "gpu": cluster.gpu.name,
+        "world_size": job.grid.world_size,
+        "num_nodes": cluster.num_nodes,
+        "plan": {"dp": par.dp, "tp": par.tp, "pp": par.pp, "sp": par.sp,
+                 "zero_stage": par.zero_stage, "legacy_dp": par.legacy_dp,
+                 "pp_schedule": par.pp_schedule if par.pp > 1 else None,
+                 "pp_virtual_stages": par.pp_virtual_stages, "recompute": par.recompute,
+                 "flash_attention": par.flash_attention,
+                 "micro_batch_size": par.micro_batch_size,
+                 "global_batch_size": par.global_batch_size,
+                 "num_microbatches": par.num_microbatches},
+        "params_total": model_params(model),
+        "tokens_per_step": par.global_batch_size * model.seq_len,
+        "flops_per_step": model_flops_per_step(model, par.global_batch_size),
+        "hardware_flops_per_step": sum(
+            rank_flops_per_step(job, job.grid.rank(pp=s)) for s in range(par.pp))
+        * par.dp * par.tp,
+        "kv_replicas": kv_replicas(model, par.tp),
+        "hbm_bytes": hbm,
+        "fits_memory": all(r["fits_memory"] for r in ranks),
+        "ranks": ranks,
+    }
+
+
+def _si(x: float, unit: str = "") -> str:
+    for div, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g} {prefix}{unit}".rstrip()
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def _scaled(x: float, div: float) -> str:
+    return f"{x / div:.2f}"
+
+
+def format_inspect(rep: dict) -> str:
+    """Human-readable tables of an ``inspect_job`` report."""
+    p = rep["plan"]
+    biggest = max(r["memory_bytes"]["total"] for r in rep["ranks"])
+    unit, div = ("GB", 1e9) if biggest >= 1e9 else ("MB", 1e6)
+    kind = ("legacy DP" if p["legacy_dp"] else
+            ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3/FSDP"][p["zero_stage"]])
+    pipe = (f" pp={p['pp']} ({p['pp_schedule']}"
+            + (f", v={p['pp_virtual_stages']}" if p["pp_virtual_stages"] > 1 else "") + ")"
+            if p["pp"] > 1 else "")
+    lines = [
+        f"{rep['model']} on {rep['cluster']}: {rep['num_nodes']} node(s), {rep['world_size']} x "
+        f"{rep['gpu']} ({rep['hbm_bytes'] / 1e9:.0f} GB)",
+        f"plan: dp={p['dp']} ({kind}) tp={p['tp']}{' +sp' if p['sp'] else ''}{pipe}; "
+        f"recompute={p['recompute']}, {'flash' if p['flash_attention'] else 'eager'} attention",
+        f"batch: {p['global_batch_size']} sequences = {p['num_microbatches']} micro-batch(es) of "
+        f"{p['micro_batch_size']} per DP rank; {_si(rep['tokens_per_step'])} tokens/step",
+        f"params: {_si(rep['params_total'])}   model FLOPs/step: "
+        f"{_si(rep['flops_per_step'], 'FLOP')}   hardware FLOPs/step: "
+        f"{_si(rep['hardware_flops_per_step'], 'FLOP')}"
+        + (f"   KV heads replicated x{rep['kv_replicas']} under TP"
+           if rep["kv_replicas"] > 1 else ""),
+        "",
+        f"memory per rank ({unit})",
+        f"{'rank':>5} {'stage':>5} {'layers':>9} {'params':>9} {'weights':>8} {'grads':>7} "
+        f"{'optim':>7} {'activ':>7} {'buffers':>8} {'total':>8} {'HBM':>8}  fits",
+    ]
+    for r in rep["ranks"]:
+        m = r["memory_bytes"]
+        layers = f"{r['layers'][0]}-{r['layers'][1]}" if r["layers"] else "-"
+        verdict = ("yes" if r["fits_memory"] else "NO") + \
+            f" ({'+' if r['headroom_bytes'] >= 0 else ''}{r['headroom_bytes'] / 1e9:.2f} GB)"
+        lines.append(
+            f"{r['rank']:>5} {r['stage']:>5} {layers:>9} {_si(r['params']):>9} "
+            f"{_scaled(m['params'], div):>8} {_scaled(m['grads'], div):>7} "
+            f"{_scaled(m['optimizer'], div):>7} {_scaled(m['activations'], div):>7} "
+            f"{_scaled(m['buffers'], div):>8} {_scaled(m['total'], div):>8} "
+            f"{rep['hbm_bytes'] / div:>8.0f}  {verdict}")
+    lines += ["", "traffic per step (payload bytes by nccl-tests' convention; wire = sent by the rank)"]
+    for r in rep["ranks"]:
+        lines.append(f"  rank {r['rank']} (stage {r['stage']}), "
+                     f"{_si(r['flops_per_step'], 'FLOP')} executed:")
+        if not r["groups"]:
+            lines.append("    no communication")
+        for name, g in r["groups"].items():
+            calls = ", ".join(f"{c['kind']} {c['count']:g} x {_si(c['bytes'] / c['count'], 'B')}"
+                              for c in g["collectives"])
+            lines.append(f"    {name}({g['size']}): {_si(g['bytes'], 'B')} payload, "
+                         f"{_si(g['wire_bytes'], 'B')} wire: {calls}")
+    lines.append("")
+    lines.append("fits in memory: " + ("yes" if rep["fits_memory"] else
+                                       "NO - see the ranks marked NO above"))
+    return "\n".join(lines)
