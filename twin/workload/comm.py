@@ -99,13 +99,17 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
         tp = GroupTraffic("tp", par.tp)
         layers = len(job.layers_on_stage(stage))
         per_layer = 4 + (2 if par.recompute == "full" else 0)
-        if par.sp:
-            tp.add("all_gather", layers * m * per_layer / 2, bsh)
-            tp.add("reduce_scatter", layers * m * per_layer / 2, bsh)
+        if par.sp:  # each all-reduce becomes a reduce-scatter and an all-gather
+            tp.add("all_gather", layers * m * per_layer, bsh)
+            tp.add("reduce_scatter", layers * m * per_layer, bsh)
         else:
             tp.add("all_reduce", layers * m * per_layer, bsh)
-        if stage == 0:  # vocab-parallel embedding: partial sums combined
-            tp.add("reduce_scatter" if par.sp else "all_reduce", m, bsh)
+        if stage == 0:  # vocab-parallel embedding: partial sums combined forward
+            if par.sp:  # reduce-scattered into the sequence shards, gathered back in backward
+                tp.add("reduce_scatter", m, bsh)
+                tp.add("all_gather", m, bsh)
+            else:
+                tp.add("all_reduce", m, bsh)
         if stage == par.pp - 1:  # LM head input: gathered (SP) forward, reduced backward
             if par.sp:
                 tp.add("all_gather", m, bsh)
