@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import cluster, gpt
-from twin.spec import (ClusterSpec, ConfigError, ConfigWarning, GPUSpec, InterNodeSpec,
-                       IntraNodeSpec, ParallelPlan, build_job)
+from twin.spec import (
+    ClusterSpec,
+    ConfigError,
+    ConfigWarning,
+    GPUSpec,
+    InterNodeSpec,
+    IntraNodeSpec,
+    ParallelPlan,
+    build_job,
+)
 
 
 def job(model=None, clu=None, **plan):

@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import gpt
-from twin.workload.flops import (attention_core_flops, hardware_flops_per_step, layer_gemms,
-                                 layer_forward_flops, model_flops_per_step)
+from twin.workload.flops import (
+    attention_core_flops,
+    hardware_flops_per_step,
+    layer_forward_flops,
+    layer_gemms,
+    model_flops_per_step,
+)
 
 GPT_SHAPES = [  # (layers, hidden, heads, seq, vocab, batch)
     (96, 12288, 96, 2048, 51200, 64),     # GPT-3 175B, Korthikanti Table 3

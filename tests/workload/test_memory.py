@@ -8,8 +8,12 @@ import pytest
 
 from tests.conftest import cluster, gpt
 from twin.spec import ParallelPlan, build_job
-from twin.workload.memory import (activation_bytes_per_layer, inflight_microbatches,
-                                  model_state_bytes, rank_memory)
+from twin.workload.memory import (
+    activation_bytes_per_layer,
+    inflight_microbatches,
+    model_state_bytes,
+    rank_memory,
+)
 from twin.workload.params import stage_params
 
 

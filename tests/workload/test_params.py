@@ -6,8 +6,13 @@ import pytest
 
 from tests.conftest import cluster, gpt
 from twin.spec import ParallelPlan, build_job
-from twin.workload.params import (kv_heads_per_rank, kv_replicas, layer_params, model_params,
-                                  stage_params)
+from twin.workload.params import (
+    kv_heads_per_rank,
+    kv_replicas,
+    layer_params,
+    model_params,
+    stage_params,
+)
 
 
 @pytest.mark.parametrize("l, h, s, v", [(96, 12288, 2048, 51200), (128, 25600, 2048, 51200)])

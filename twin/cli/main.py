@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 

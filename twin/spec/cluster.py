@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
 
 from twin.spec.errors import check_choice, check_positive, raise_if
 
@@ -18,7 +17,7 @@ class GPUSpec:
 
     name: str = "gpu"
     """Marketing name, e.g. H100-SXM5-80GB."""
-    peak_tflops: Dict[str, float] = field(default_factory=dict)
+    peak_tflops: dict[str, float] = field(default_factory=dict)
     """Dense peak TFLOP/s per dtype (bf16, fp16, fp32): the denominator of MFU."""
     hbm_GB: float = 80.0
     """Device memory in GB (1e9 bytes)."""
@@ -76,7 +75,7 @@ class ClusterSpec:
     """The intra-node fabric."""
     inter: InterNodeSpec = field(default_factory=InterNodeSpec)
     """The inter-node network."""
-    cores_per_node: Optional[int] = None
+    cores_per_node: int | None = None
     """CPU cores the node's ranks share (``cpu_local``: ranks contend for them); None: not modelled."""
 
     def __post_init__(self) -> None:

@@ -8,9 +8,9 @@ stride[d] is the product of the sizes of the axes inside d.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, Sequence
 
 DIMS = ("tp", "cp", "pp", "dp")
 
@@ -28,7 +28,7 @@ class RankGrid:
 
     @classmethod
     def build(cls, *, dp: int, tp: int, pp: int, cp: int = 1,
-              order: Sequence[str] = DIMS, gpus_per_node: int = 8) -> "RankGrid":
+              order: Sequence[str] = DIMS, gpus_per_node: int = 8) -> RankGrid:
         """A grid with the given degrees, axes in ``order`` (innermost first)."""
         size = {"dp": dp, "tp": tp, "pp": pp, "cp": cp}
         order = tuple(order)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
-from twin.spec.errors import check_choice, check_positive, raise_if
+from twin.spec.errors import check_choice, raise_if
 
 ACTIVATIONS = ("gelu", "swiglu")
 DTYPES = ("bf16", "fp16", "fp32")
@@ -46,13 +45,13 @@ class ModelSpec:
     """Training dtype of params, grads and activations: bf16, fp16 (mixed precision, fp32 master) or fp32."""
     tie_embeddings: bool = False
     """Share the input embedding and the LM head."""
-    norm: Optional[str] = None
+    norm: str | None = None
     """layernorm or rmsnorm; None: from activation."""
-    bias: Optional[bool] = None
+    bias: bool | None = None
     """Linear layers carry biases; None: from activation."""
-    position_embedding: Optional[str] = None
+    position_embedding: str | None = None
     """learned (an s x h table) or rope (no parameters); None: from activation."""
-    dropout: Optional[bool] = None
+    dropout: bool | None = None
     """Dropout after attention, MLP and embedding (its masks are stored); None: from activation."""
 
     def __post_init__(self) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import List, Optional
 
 from twin.spec.errors import check_choice, raise_if
 
@@ -27,7 +26,7 @@ class ParallelPlan:
     with it (enough for every schedule; set it for real runs).
     """
 
-    dp: Optional[int] = None
+    dp: int | None = None
     """Data-parallel degree (replicas, or ZeRO/FSDP shards); None: fill the cluster."""
     tp: int = 1
     """Tensor-parallel degree (Megatron column/row split)."""
@@ -43,7 +42,7 @@ class ParallelPlan:
     """ZeRO-3/FSDP: free gathered parameters after forward and gather again for backward."""
     micro_batch_size: int = 1
     """Sequences per micro-batch b."""
-    global_batch_size: Optional[int] = None
+    global_batch_size: int | None = None
     """Sequences per optimizer step B; None: see the class docstring."""
     pp_schedule: str = "1f1b"
     """gpipe, 1f1b, or interleaved (1F1B with pp_virtual_stages chunks per rank)."""
@@ -51,7 +50,7 @@ class ParallelPlan:
     """Model chunks per pipeline rank v (interleaved only)."""
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core), or full (whole layer)."""
-    pp_stage_layers: Optional[List[int]] = None
+    pp_stage_layers: list[int] | None = None
     """Layers per pipeline stage (uneven splits, e.g. Llama 3 405B: [7, 8 x 14, 7]); None: even."""
     ddp_bucket_MB: float = 25.0
     """DDP gradient bucket size in MB (PyTorch's default 25)."""
@@ -80,7 +79,7 @@ class ParallelPlan:
         if not (isinstance(self.ddp_bucket_MB, (int, float)) and self.ddp_bucket_MB > 0):
             problems.append(f"parallel.ddp_bucket_MB={self.ddp_bucket_MB!r} must be > 0")
         try:
-            self.rank_dims
+            _ = self.rank_dims
         except ValueError as err:
             problems.append(str(err))
         raise_if(problems)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from twin.spec import Job
 from twin.workload.comm import step_traffic
-from twin.workload.flops import (layer_forward_flops, lm_head_gemm, model_flops_per_step,
-                                 recompute_forward_flops)
+from twin.workload.flops import (
+    layer_forward_flops,
+    lm_head_gemm,
+    model_flops_per_step,
+    recompute_forward_flops,
+)
 from twin.workload.memory import rank_memory
 from twin.workload.params import kv_replicas, model_params, stage_params
 
