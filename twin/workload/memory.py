@@ -125,15 +125,20 @@ def rank_memory(job: Job, rank: int) -> Memory:
     if stage == 0 and model.dropout:
         acts += s * b * model.hidden_size / sp_div * max(1.0, inflight)  # embedding dropout mask
     if stage == par.pp - 1:
-        # final norm input, LM head input, fp32 logits (Korthikanti §4.3), one micro-batch
-        acts += 2 * e * s * b * model.hidden_size / sp_div + 4 * s * b * vocab_rows(model, par.tp)
+        # final norm input, LM head input, fp32 logits (Korthikanti §4.3): one micro-batch
+        # in flight on the last stage, except under GPipe (all m)
+        head_inflight = par.num_microbatches if par.pp > 1 and par.pp_schedule == "gpipe" else 1
+        acts += head_inflight * (2 * e * s * b * model.hidden_size / sp_div
+                                 + 4 * s * b * vocab_rows(model, par.tp))
     buffers = 0.0
-    if par.zero_stage == 3:
+    if par.zero_stage == 3 and par.dp > 1:
+        # FSDP units: the root (embedding, head) stays gathered from its first forward to its
+        # backward, with its unsharded gradient; layer units: the current one and the
+        # prefetched one (every unit when not resharded after forward) plus one unsharded grad
         unit = layer_params(model, par.tp).total
-        if par.fsdp_reshard_after_forward:
-            buffers = 2 * unit * e + unit * e  # current + prefetched unit, one unsharded grad
-        else:
-            buffers = n_layers * unit * e + unit * e  # every unit stays gathered until backward
+        root = psi - n_layers * unit
+        gathered = 2 * unit if par.fsdp_reshard_after_forward else n_layers * unit
+        buffers = (2 * root + gathered + unit) * e
     return Memory(params=states.params, grads=states.grads, optimizer=states.optimizer,
                   activations=acts, buffers=buffers)
 

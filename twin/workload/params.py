@@ -11,6 +11,7 @@ and every KV head is replicated on t/kv ranks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from twin.spec import Job, ModelSpec
 
@@ -23,6 +24,49 @@ def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
 def kv_replicas(model: ModelSpec, tp: int) -> int:
     """Copies of each KV head across the TP group: t/kv when kv < t, else 1."""
     return tp // model.num_kv_heads if model.num_kv_heads < tp else 1
+
+
+class Tensor(NamedTuple):
+    """A parameter tensor on one TP rank: its name, size, block and the op producing its grad."""
+
+    name: str
+    numel: int
+    block: str  # attention | mlp | norms | embedding | head
+    grad_op: str  # local name of the backward op after which its gradient is ready
+
+
+def layer_tensors(model: ModelSpec, tp: int = 1) -> list[Tensor]:
+    """One layer's parameter tensors on one TP rank, in registration order.
+
+    Weights: Q h*(a*d)/t, K and V h*(kv_local*d) each, O (a*d)/t*h, MLP (2 or 3)
+    matrices h*f/t. Biases (GPT style): QKV and FC1 split, O and FC2 replicated.
+    With t=1, kv=a, f=4h, biases and LayerNorm: 12h^2 + 13h (Narayanan et al. 2021, Eq. 2).
+    """
+    h, d, f = model.hidden_size, model.head_dim, model.ffn_hidden_size
+    q = model.num_heads // tp * d
+    kv = kv_heads_per_rank(model, tp) * d
+    ft = f // tp
+    b = model.bias
+
+    def norm(n: str) -> list[Tensor]:
+        ts = [Tensor(f"{n}.weight", h, "norms", f"{n}.bwd")]
+        return ts + ([Tensor(f"{n}.bias", h, "norms", f"{n}.bwd")]
+                     if model.norm == "layernorm" else [])
+
+    def linear(n: str, fan_in: int, fan_out: int, block: str, op: str) -> list[Tensor]:
+        ts = [Tensor(f"{n}.weight", fan_in * fan_out, block, f"{op}.wgrad")]
+        return ts + ([Tensor(f"{n}.bias", fan_out, block, f"{op}.wgrad")] if b else [])
+
+    ts = norm("norm1")
+    ts += linear("wq", h, q, "attention", "qkv") + linear("wk", h, kv, "attention", "qkv")
+    ts += linear("wv", h, kv, "attention", "qkv") + linear("wo", q, h, "attention", "out_proj")
+    ts += norm("norm2")
+    if model.activation == "swiglu":
+        ts += linear("w_gate", h, ft, "mlp", "fc_gate") + linear("w_up", h, ft, "mlp", "fc_up")
+    else:
+        ts += linear("fc1", h, ft, "mlp", "fc1")
+    ts += linear("fc2", ft, h, "mlp", "fc2")
+    return ts
 
 
 @dataclass(frozen=True)
@@ -39,22 +83,36 @@ class LayerParams:
 
 
 def layer_params(model: ModelSpec, tp: int = 1) -> LayerParams:
-    """One layer's parameters on one TP rank.
+    """One layer's parameters on one TP rank, by block (sums of ``layer_tensors``)."""
+    by = {"attention": 0, "mlp": 0, "norms": 0}
+    for t in layer_tensors(model, tp):
+        by[t.block] += t.numel
+    return LayerParams(**by)
 
-    Weights: Q h*(a*d)/t, K and V h*(kv_local*d) each, O (a*d)/t*h, MLP
-    (2 or 3)*h*f/t. Biases (GPT style): QKV and FC1 split, O and FC2 replicated.
-    With t=1, kv=a, f=4h, biases and LayerNorm: 12h^2 + 13h (Narayanan et al. 2021, Eq. 2).
+
+def embedding_tensors(model: ModelSpec, tp: int = 1) -> list[Tensor]:
+    """Input side on one TP rank: word embedding V/t x h (vocab-parallel), learned positions."""
+    ts = [Tensor("embed.weight", vocab_rows(model, tp) * model.hidden_size, "embedding",
+                 "embed.bwd")]
+    if model.position_embedding == "learned":
+        ts.append(Tensor("pos_embed.weight", model.seq_len * model.hidden_size, "embedding",
+                         "embed.bwd"))
+    return ts
+
+
+def head_tensors(model: ModelSpec, tp: int = 1, *, holds_copy: bool = False) -> list[Tensor]:
+    """Output side on one TP rank: final norm, then the LM head V/t x h unless tied.
+
+    ``holds_copy``: a tied head on a last pipeline stage that is not the first keeps its
+    own copy of the word embedding (Megatron; gradients all-reduced with stage 0).
     """
-    h, d, f = model.hidden_size, model.head_dim, model.ffn_hidden_size
-    q_out = model.num_heads // tp * d
-    kv_out = kv_heads_per_rank(model, tp) * d
-    attn = h * (q_out + 2 * kv_out) + q_out * h
-    mlp = model.mlp_matrices * h * (f // tp)
-    if model.bias:
-        attn += q_out + 2 * kv_out + h
-        mlp += (model.mlp_matrices - 1) * (f // tp) + h
-    norms = 2 * norm_params(model)
-    return LayerParams(attention=attn, mlp=mlp, norms=norms)
+    h = model.hidden_size
+    ts = [Tensor("final_norm.weight", h, "head", "final_norm.bwd")]
+    if model.norm == "layernorm":
+        ts.append(Tensor("final_norm.bias", h, "head", "final_norm.bwd"))
+    if not model.tie_embeddings or holds_copy:
+        ts.append(Tensor("lm_head.weight", vocab_rows(model, tp) * h, "head", "lm_head.wgrad"))
+    return ts
 
 
 def norm_params(model: ModelSpec) -> int:
@@ -68,23 +126,13 @@ def vocab_rows(model: ModelSpec, tp: int) -> int:
 
 
 def embedding_params(model: ModelSpec, tp: int = 1) -> int:
-    """Input side on one TP rank: word embedding V/t * h, plus learned positions s*h."""
-    n = vocab_rows(model, tp) * model.hidden_size
-    if model.position_embedding == "learned":
-        n += model.seq_len * model.hidden_size
-    return n
+    """Parameters of ``embedding_tensors``."""
+    return sum(t.numel for t in embedding_tensors(model, tp))
 
 
 def head_params(model: ModelSpec, tp: int = 1, *, holds_copy: bool = False) -> int:
-    """Output side on one TP rank: final norm, plus the LM head V/t * h unless tied.
-
-    ``holds_copy``: a tied head on a last pipeline stage that is not the first keeps its
-    own copy of the word embedding (Megatron; gradients all-reduced with stage 0).
-    """
-    n = norm_params(model)
-    if not model.tie_embeddings or holds_copy:
-        n += vocab_rows(model, tp) * model.hidden_size
-    return n
+    """Parameters of ``head_tensors``."""
+    return sum(t.numel for t in head_tensors(model, tp, holds_copy=holds_copy))
 
 
 def model_params(model: ModelSpec) -> int:

@@ -1,0 +1,148 @@
+"""ProgramBuilder: appends ops to one rank's program with labels, names and byte counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+from twin.schedule.ir import Op, Program
+from twin.spec import Job
+
+Idx = int | None
+Deps = Iterable  # of Idx, possibly nested
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """Labels of the ops being emitted: phase, micro-batch, chunk, layer, paradigm."""
+
+    phase: str = "fwd"
+    mb: int = -1
+    chunk: int = -1
+    layer: int = -1
+    paradigm: str = ""
+
+    def prefix(self) -> str:
+        parts = [self.phase]
+        if self.mb >= 0:
+            parts.append(f"mb{self.mb}")
+        if self.layer >= 0:
+            parts.append(f"L{self.layer}")
+        elif self.chunk >= 0:
+            parts.append(f"c{self.chunk}")
+        return "/".join(parts)
+
+    def at(self, **kw) -> "Ctx":
+        return replace(self, **kw)
+
+
+def _flatten(deps) -> Iterable[int]:
+    for d in deps:
+        if isinstance(d, (list, tuple)):
+            yield from _flatten(d)
+        elif d is not None:
+            yield d
+
+
+class ProgramBuilder:
+    """Emits ops for ``rank`` of ``job``; names are rank-independent so members of a
+    group give their shared collectives the same name."""
+
+    def __init__(self, job: Job, rank: int):
+        self.job = job
+        self.rank = rank
+        self.ops: list[Op] = []
+        self._names: dict[str, int] = {}
+        self.e = job.model.dtype_bytes
+        self.dtype = job.model.dtype
+        self.last_compute: Idx = None
+        """The latest compute op: where the host stands when it issues the next op."""
+
+    # -- generic -----------------------------------------------------------------
+    def emit(self, ctx: Ctx, local: str, kind: str, stream: str, deps: Iterable[Idx] = (),
+             **fields) -> int:
+        name = f"{ctx.prefix()}/{local}"
+        if name in self._names:
+            raise AssertionError(f"duplicate op name {name!r} on rank {self.rank}")
+        idx = len(self.ops)
+        dep = tuple(sorted(set(_flatten(deps))))
+        self.ops.append(Op(name=name, kind=kind, stream=stream, deps=dep, phase=ctx.phase,
+                           paradigm=ctx.paradigm, layer=ctx.layer, mb=ctx.mb, chunk=ctx.chunk,
+                           **fields))
+        self._names[name] = idx
+        if kind in ("gemm", "attention", "elementwise", "optimizer"):
+            self.last_compute = idx
+        return idx
+
+    def program(self) -> Program:
+        return Program(self.rank, self.ops)
+
+    # -- compute -----------------------------------------------------------------
+    def gemm(self, ctx: Ctx, local: str, m: int, n: int, k: int, deps: Iterable[Idx],
+             flops_scale: float = 1.0) -> int:
+        """(m x k) @ (k x n): 2mnk FLOPs, e(mk + kn + mn) bytes."""
+        return self.emit(ctx, local, "gemm", "compute", deps, shape=(m, n, k), dtype=self.dtype,
+                         flops=2.0 * m * n * k * flops_scale,
+                         bytes=float(self.e * (m * k + k * n + m * n)))
+
+    def attention(self, ctx: Ctx, local: str, batch: int, heads: int, kv_heads: int, seq: int,
+                  head_dim: int, deps: Iterable[Idx], flops_scale: float = 1.0,
+                  eager: bool = False) -> int:
+        """Causal attention core: 4*b*heads*s^2*d FLOPs forward (MFU convention, full square).
+
+        Bytes: Q, K, V read and O written; eager attention also writes and reads the
+        b*heads*s^2 scores.
+        """
+        flops = 4.0 * batch * heads * seq * seq * head_dim * flops_scale
+        nbytes = self.e * batch * seq * head_dim * (2 * heads + 2 * kv_heads) * flops_scale
+        if eager:
+            nbytes += 2 * self.e * batch * heads * seq * seq * flops_scale
+        return self.emit(ctx, local, "attention", "compute", deps,
+                         shape=(batch, heads, kv_heads, seq, head_dim, 1), dtype=self.dtype,
+                         flops=flops, bytes=float(nbytes))
+
+    def elementwise(self, ctx: Ctx, local: str, elements: int, deps: Iterable[Idx],
+                    tensors: float = 2.0, flops_per_element: float = 1.0) -> int:
+        """A memory-bound op touching ``tensors`` tensors of ``elements`` each."""
+        return self.emit(ctx, local, "elementwise", "compute", deps, shape=(elements,),
+                         dtype=self.dtype, flops=float(elements * flops_per_element),
+                         bytes=float(self.e * elements * tensors))
+
+    def optimizer(self, ctx: Ctx, local: str, params: int, deps: Iterable[Idx]) -> int:
+        """Adam over ``params``: reads and writes fp32 master, momentum and variance (24 B),
+        reads the grad and writes the param (2e B); about 10 FLOPs per parameter."""
+        return self.emit(ctx, local, "optimizer", "compute", deps, shape=(params,),
+                         dtype=self.dtype, flops=10.0 * params,
+                         bytes=float(params * (24 + 2 * self.e)))
+
+    # -- communication -----------------------------------------------------------
+    def collective(self, ctx: Ctx, local: str, kind: str, group: tuple[int, ...],
+                   group_name: str, nbytes: float, deps: Iterable[Idx], stream: str = "comm",
+                   root: int = -1) -> Idx:
+        """A collective over ``group``; skipped (returns None) when the group is one rank."""
+        if len(group) <= 1:
+            return None
+        return self.emit(ctx, local, kind, stream, deps, group=tuple(group),
+                         group_name=group_name, bytes=float(nbytes), root=root,
+                         dtype=self.dtype)
+
+    def send(self, ctx: Ctx, local: str, peer: int, tag: str, nbytes: float,
+             deps: Iterable[Idx]) -> int:
+        return self.emit(ctx, local, "send", "p2p", deps, peer=peer, tag=tag,
+                         bytes=float(nbytes), group_name="pp", dtype=self.dtype)
+
+    def recv(self, ctx: Ctx, local: str, peer: int, tag: str, nbytes: float,
+             deps: Iterable[Idx]) -> int:
+        return self.emit(ctx, local, "recv", "p2p", deps, peer=peer, tag=tag,
+                         bytes=float(nbytes), group_name="pp", dtype=self.dtype)
+
+    # -- memory ------------------------------------------------------------------
+    def alloc(self, ctx: Ctx, buffer: str, category: str, nbytes: float,
+              deps: Iterable[Idx] = ()) -> int:
+        return self.emit(ctx, f"alloc.{buffer}", "alloc", "mem", deps, category=category,
+                         bytes=float(nbytes), tag=buffer)
+
+    def free(self, ctx: Ctx, buffer: str, category: str, nbytes: float,
+             deps: Iterable[Idx] = ()) -> int:
+        return self.emit(ctx, f"free.{buffer}", "free", "mem", deps, category=category,
+                         bytes=float(nbytes), tag=buffer)

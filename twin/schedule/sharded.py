@@ -1,0 +1,87 @@
+"""ZeRO-3 / FSDP: per-unit parameter all-gather and gradient reduce-scatter over the DP group.
+
+FSDP2 (``fully_shard`` per transformer layer plus a root unit holding the embedding
+and the head): a unit's parameters are all-gathered before its forward and, when
+``fsdp_reshard_after_forward``, freed after it and gathered again before its backward;
+after its backward the unit's gradients are reduce-scattered and its parameters freed.
+One unit is prefetched: the next unit's all-gather is issued when the current one is
+(on its own stream), so at most two units are gathered at once (ZeRO §5.3; PyTorch FSDP
+paper, Zhao et al. 2023, §3.3). Gradients are reduce-scattered every micro-batch unless
+``grad_sync`` says otherwise.
+"""
+
+from __future__ import annotations
+
+from twin.schedule.emit import Ctx, Idx, ProgramBuilder
+
+ROOT = -1  # the root unit: embedding, final norm and head
+
+
+class FSDP:
+    """Tracks which units are gathered on this rank and emits their collectives."""
+
+    def __init__(self, b: ProgramBuilder, unit_numel: dict[int, int], every_mb: bool):
+        self.b = b
+        par = b.job.parallel
+        self.group = b.job.grid.group(b.rank, "dp")
+        self.units = unit_numel  # unit key (layer or ROOT) -> TP-local parameter count
+        self.reshard = par.fsdp_reshard_after_forward
+        self.every_mb = every_mb
+        self.last_mb = par.num_microbatches - 1
+        self.gathered: dict[int, int] = {}  # unit -> its all-gather op
+        self.grad_open: dict[int, int] = {}  # unit -> micro-batch count accumulated unsharded
+        self.issued: list[int] = []
+        self._tags: dict[int, str] = {}  # unit -> name of its gathered buffer
+
+    def _bytes(self, unit: int) -> float:
+        return self.units[unit] * self.b.e
+
+    def _gather(self, ctx: Ctx, unit: int) -> int:
+        c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
+        tag = f"{'root' if unit == ROOT else unit}.{ctx.phase}.mb{ctx.mb}"
+        self.b.alloc(c, f"gathered.{tag}", "buffers", self._bytes(unit), [self.b.last_compute])
+        idx = self.b.collective(c, f"{'root.' if unit == ROOT else ''}param.ag", "all_gather",
+                                self.group, "dp", self._bytes(unit), [self.b.last_compute],
+                                stream="comm.ag")
+        self.gathered[unit] = idx
+        self._tags[unit] = tag
+        return idx
+
+    def before(self, ctx: Ctx, unit: int, prefetch: int | None) -> Idx:
+        """Make ``unit`` gathered (returns the op to wait for); prefetch the next unit."""
+        ag = self.gathered.get(unit)
+        if ag is None:
+            ag = self._gather(ctx, unit)
+        if prefetch is not None and prefetch not in self.gathered:
+            self._gather(ctx, prefetch)
+        return ag
+
+    def _release(self, ctx: Ctx, unit: int, after: Idx) -> None:
+        tag = self._tags[unit]
+        c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
+        self.b.free(c, f"gathered.{tag}", "buffers", self._bytes(unit), [after])
+        del self.gathered[unit]
+
+    def after_forward(self, ctx: Ctx, unit: int, done: Idx) -> None:
+        """Free the unit's gathered parameters when resharding after forward (not the root)."""
+        if self.reshard and unit != ROOT:
+            self._release(ctx, unit, done)
+
+    def begin_backward(self, ctx: Ctx, unit: int) -> None:
+        """Allocate the unit's unsharded gradient (kept across micro-batches without sync)."""
+        if unit not in self.grad_open:
+            c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
+            self.b.alloc(c, f"grad.{unit}.mb{ctx.mb}", "grads", self._bytes(unit))
+            self.grad_open[unit] = ctx.mb
+
+    def after_backward(self, ctx: Ctx, unit: int, grad_ops: list[Idx], done: Idx) -> None:
+        """Reduce-scatter the unit's gradients (this micro-batch or the last) and reshard."""
+        c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
+        if self.every_mb or ctx.mb == self.last_mb:
+            rs = self.b.collective(c, f"{'root.' if unit == ROOT else ''}grad.rs",
+                                   "reduce_scatter", self.group, "dp", self._bytes(unit),
+                                   grad_ops, stream="comm")
+            self.issued.append(rs)
+            opened = self.grad_open.pop(unit)
+            self.b.free(c, f"grad.{unit}.mb{opened}", "grads", self._bytes(unit), [rs])
+        self._release(ctx, unit, done)

@@ -1,0 +1,186 @@
+"""Tensor (Megatron) and sequence parallelism: the ops of one layer, the embedding and the head.
+
+Megatron's layer (Shoeybi et al. 2019, §3; Korthikanti et al. 2022, §4.2.2): QKV and
+FC1 are column-parallel (Y = XA, A split along its columns as [A_1 ... A_t]), the
+out-projection and FC2 row-parallel (A split along its rows, partial sums added by an
+all-reduce). Operator f (before a column-parallel GEMM) is the identity forward and an
+all-reduce backward; operator g (after a row-parallel GEMM) an all-reduce forward and the
+identity backward: 2 all-reduces of b*s*h forward and 2 backward per layer. Under SP, g
+becomes a reduce-scatter (backward: all-gather) and f an all-gather (backward:
+reduce-scatter), and norms, dropout and residuals work on s/t of the sequence. GQA with
+fewer KV heads than TP ranks replicates KV heads (one per rank).
+
+Each function takes the index of the op producing its input and returns the index of the
+op producing its output; backward functions also report the ops after which each
+parameter's gradient is ready (for DDP buckets and ZeRO).
+"""
+
+from __future__ import annotations
+
+from twin.schedule.emit import Ctx, Idx, ProgramBuilder
+from twin.workload.params import kv_heads_per_rank, vocab_rows
+
+
+class TensorParallel:
+    """Emits one rank's layer, embedding and head ops for its TP group."""
+
+    def __init__(self, b: ProgramBuilder):
+        self.b = b
+        job = b.job
+        self.model, self.par = job.model, job.parallel
+        self.tp, self.sp = self.par.tp, self.par.sp
+        self.group = job.grid.group(b.rank, "tp")
+        m = self.model
+        self.mb = self.par.micro_batch_size
+        self.tokens = self.mb * m.seq_len
+        self.local_tokens = self.tokens // self.tp if self.sp else self.tokens
+        self.h, self.d = m.hidden_size, m.head_dim
+        self.heads = m.num_heads // self.tp
+        self.kv_heads = kv_heads_per_rank(m, self.tp)
+        self.q = self.heads * self.d
+        self.kv = self.kv_heads * self.d
+        self.f = m.ffn_hidden_size // self.tp
+        self.vocab = vocab_rows(m, self.tp)
+        self.act_bytes = b.e * self.tokens * self.h  # b*s*h, the TP message
+        self.eager = not self.par.flash_attention
+        self.paradigm = "sp" if self.sp else ("tp" if self.tp > 1 else "")
+
+    # -- the two TP operators ------------------------------------------------------
+    def _g(self, ctx: Ctx, local: str, x: Idx) -> Idx:
+        """After a row-parallel GEMM: all-reduce (TP) or reduce-scatter (SP)."""
+        kind = "reduce_scatter" if self.sp else "all_reduce"
+        y = self.b.collective(ctx.at(paradigm=self.paradigm), local, kind, self.group, "tp",
+                              self.act_bytes, [x], stream="comm.tp")
+        return x if y is None else y
+
+    def _f(self, ctx: Ctx, local: str, x: Idx) -> Idx:
+        """Before a column-parallel GEMM: all-gather under SP (identity under plain TP)."""
+        if not self.sp:
+            return x
+        return self.b.collective(ctx.at(paradigm=self.paradigm), local, "all_gather",
+                                 self.group, "tp", self.act_bytes, [x], stream="comm.tp")
+
+    def _f_bwd(self, ctx: Ctx, local: str, x: Idx) -> Idx:
+        """Backward of f: all-reduce (TP) or reduce-scatter (SP) of the input gradient."""
+        kind = "reduce_scatter" if self.sp else "all_reduce"
+        y = self.b.collective(ctx.at(paradigm=self.paradigm), local, kind, self.group, "tp",
+                              self.act_bytes, [x], stream="comm.tp")
+        return x if y is None else y
+
+    def _g_bwd(self, ctx: Ctx, local: str, x: Idx) -> Idx:
+        """Backward of g: all-gather under SP (identity under plain TP)."""
+        return self._f(ctx, local, x)
+
+    # -- one layer -----------------------------------------------------------------
+    def layer_forward(self, ctx: Ctx, x: Idx) -> Idx:
+        """norm1, [AG], QKV, attention, out-proj, [AR|RS], residual, norm2, [AG], MLP, [AR|RS],
+        residual."""
+        b, n, lt = self.b, self.tokens, self.local_tokens
+        x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5)
+        x = self._f(ctx, "ag1", x)
+        x = b.gemm(ctx, "qkv", n, self.q + 2 * self.kv, self.h, [x])
+        x = b.attention(ctx, "attn", self.mb, self.heads, self.kv_heads, self.model.seq_len,
+                        self.d, [x], eager=self.eager)
+        x = b.gemm(ctx, "out_proj", n, self.h, self.q, [x])
+        x = self._g(ctx, "ar1" if not self.sp else "rs1", x)
+        x = b.elementwise(ctx, "resid1", lt * self.h, [x], tensors=3)
+        x = b.elementwise(ctx, "norm2", lt * self.h, [x], tensors=2, flops_per_element=5)
+        x = self._f(ctx, "ag2", x)
+        if self.model.activation == "swiglu":
+            g = b.gemm(ctx, "fc_gate", n, self.f, self.h, [x])
+            u = b.gemm(ctx, "fc_up", n, self.f, self.h, [x])
+            x = b.elementwise(ctx, "act", n * self.f, [g, u], tensors=3, flops_per_element=4)
+        else:
+            x = b.gemm(ctx, "fc1", n, self.f, self.h, [x])
+            x = b.elementwise(ctx, "act", n * self.f, [x], tensors=2, flops_per_element=8)
+        x = b.gemm(ctx, "fc2", n, self.h, self.f, [x])
+        x = self._g(ctx, "ar2" if not self.sp else "rs2", x)
+        return b.elementwise(ctx, "resid2", lt * self.h, [x], tensors=3)
+
+    def layer_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int], *,
+                       recompute_attention: Idx = None) -> Idx:
+        """The layer's backward in reverse order; dgrad before wgrad so the input-gradient
+        all-reduce overlaps the weight gradient (Megatron). Fills ``grads`` with the op
+        after which each local grad op's gradient is ready."""
+        b, n, lt = self.b, self.tokens, self.local_tokens
+        g = b.elementwise(ctx, "resid2.bwd", lt * self.h, [g], tensors=3)
+        g = self._g_bwd(ctx, "rs2.bwd" if self.sp else "ar2.bwd", g)
+        d = b.gemm(ctx, "fc2.dgrad", n, self.f, self.h, [g])
+        grads["fc2.wgrad"] = b.gemm(ctx, "fc2.wgrad", self.f, self.h, n, [g])
+        if self.model.activation == "swiglu":
+            a = b.elementwise(ctx, "act.bwd", n * self.f, [d], tensors=5, flops_per_element=8)
+            d1 = b.gemm(ctx, "fc_gate.dgrad", n, self.h, self.f, [a])
+            d2 = b.gemm(ctx, "fc_up.dgrad", n, self.h, self.f, [a, d1])
+            r = self._f_bwd(ctx, "ag2.bwd", d2)
+            grads["fc_gate.wgrad"] = b.gemm(ctx, "fc_gate.wgrad", self.h, self.f, n, [a])
+            grads["fc_up.wgrad"] = b.gemm(ctx, "fc_up.wgrad", self.h, self.f, n, [a])
+        else:
+            a = b.elementwise(ctx, "act.bwd", n * self.f, [d], tensors=3, flops_per_element=8)
+            d1 = b.gemm(ctx, "fc1.dgrad", n, self.h, self.f, [a])
+            r = self._f_bwd(ctx, "ag2.bwd", d1)
+            grads["fc1.wgrad"] = b.gemm(ctx, "fc1.wgrad", self.h, self.f, n, [a])
+        g = b.elementwise(ctx, "norm2.bwd", lt * self.h, [r], tensors=3, flops_per_element=8)
+        grads["norm2.bwd"] = g
+        g = b.elementwise(ctx, "resid1.bwd", lt * self.h, [g], tensors=3)
+        g = self._g_bwd(ctx, "rs1.bwd" if self.sp else "ar1.bwd", g)
+        d = b.gemm(ctx, "out_proj.dgrad", n, self.q, self.h, [g])
+        grads["out_proj.wgrad"] = b.gemm(ctx, "out_proj.wgrad", self.q, self.h, n, [g])
+        # backward of attention: 2x forward; flash attention recomputes the scores (+0.5x)
+        scale = 2.5 if (self.par.flash_attention and recompute_attention is None) else 2.0
+        a = b.attention(ctx, "attn.bwd", self.mb, self.heads, self.kv_heads, self.model.seq_len,
+                        self.d, [d, recompute_attention], flops_scale=scale, eager=self.eager)
+        d = b.gemm(ctx, "qkv.dgrad", n, self.h, self.q + 2 * self.kv, [a])
+        r = self._f_bwd(ctx, "ag1.bwd", d)
+        grads["qkv.wgrad"] = b.gemm(ctx, "qkv.wgrad", self.h, self.q + 2 * self.kv, n, [a])
+        g = b.elementwise(ctx, "norm1.bwd", lt * self.h, [r], tensors=3, flops_per_element=8)
+        grads["norm1.bwd"] = g
+        return g
+
+    def attention_recompute(self, ctx: Ctx, x: Idx) -> int:
+        """Selective recomputation: the attention core forward again (Korthikanti §5)."""
+        return self.b.attention(ctx, "attn", self.mb, self.heads, self.kv_heads,
+                                self.model.seq_len, self.d, [x], eager=self.eager)
+
+    # -- embedding and head ----------------------------------------------------------
+    def embedding_forward(self, ctx: Ctx, x: Idx) -> Idx:
+        """Vocab-parallel lookup; partial rows combined by all-reduce (TP) or
+        reduce-scatter into sequence shards (SP)."""
+        x = self.b.elementwise(ctx, "embed", self.tokens * self.h, [x], tensors=1)
+        return self._g(ctx, "embed.rs" if self.sp else "embed.ar", x)
+
+    def embedding_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int]) -> int:
+        g = self._g_bwd(ctx, "embed.ag.bwd", g)
+        grads["embed.bwd"] = self.b.elementwise(ctx, "embed.bwd", self.tokens * self.h, [g],
+                                                tensors=2)
+        return grads["embed.bwd"]
+
+    def head_forward(self, ctx: Ctx, x: Idx, *, with_loss: bool = True) -> Idx:
+        """Final norm, [AG], vocab-parallel LM head, cross-entropy (3 small all-reduces)."""
+        b, n = self.b, self.tokens
+        x = b.elementwise(ctx, "final_norm", self.local_tokens * self.h, [x], tensors=2,
+                          flops_per_element=5)
+        x = self._f(ctx, "head.ag", x)
+        x = b.gemm(ctx, "lm_head", n, self.vocab, self.h, [x])
+        if not with_loss:
+            return x
+        x = b.elementwise(ctx, "loss", n * self.vocab, [x], tensors=2, flops_per_element=5)
+        for stat in ("max", "sumexp", "target"):
+            y = b.collective(ctx.at(paradigm=self.paradigm), f"ce.{stat}", "all_reduce",
+                             self.group, "tp", 4 * n, [x], stream="comm.tp")
+            x = x if y is None else y
+        return x
+
+    def head_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int], *,
+                      with_loss: bool = True) -> Idx:
+        b, n = self.b, self.tokens
+        if with_loss:
+            g = b.elementwise(ctx, "loss.bwd", n * self.vocab, [g], tensors=2,
+                              flops_per_element=4)
+        d = b.gemm(ctx, "lm_head.dgrad", n, self.h, self.vocab, [g])
+        # tied on one stage, this gradient accumulates into the embedding's (ready at embed.bwd)
+        grads["lm_head.wgrad"] = b.gemm(ctx, "lm_head.wgrad", self.h, self.vocab, n, [g])
+        r = self._f_bwd(ctx, "head.rs.bwd" if self.sp else "head.ar.bwd", d)
+        g = b.elementwise(ctx, "final_norm.bwd", self.local_tokens * self.h, [r], tensors=3,
+                          flops_per_element=8)
+        grads["final_norm.bwd"] = g
+        return g
