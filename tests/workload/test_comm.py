@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import cluster, gpt
 from twin.spec import ParallelPlan, build_job
 from twin.workload.comm import step_traffic
-from twin.workload.params import stage_params
+from twin.workload.params import layer_params, stage_params
 
 
 def _traffic(**plan):
@@ -30,9 +30,16 @@ def test_zero_1_2_move_what_ddp_moves(zero):
 
 
 def test_zero_3_moves_one_and_a_half_ddp():
-    _, ddp = _traffic()
+    # ZeRO §7: gather for forward, again for backward, reduce-scatter: 3 Psi vs DDP's 2 Psi,
+    # per layer unit; FSDP's root unit (embedding, head) is gathered once: 2 Psi_root.
+    j, ddp = _traffic()
     _, z3 = _traffic(zero_stage=3)
-    assert z3["dp"].wire_bytes == pytest.approx(1.5 * ddp["dp"].wire_bytes)
+    layers = 8 * layer_params(j.model).total
+    root = stage_params(j, 0) - layers
+    n = 8
+    unit_wire = (n - 1) / n * 2  # bytes per element, bf16
+    assert z3["dp"].wire_bytes == pytest.approx(unit_wire * (3 * layers + 2 * root))
+    assert ddp["dp"].wire_bytes == pytest.approx(unit_wire * 2 * (layers + root))
     _, keep = _traffic(zero_stage=3, fsdp_reshard_after_forward=False)
     assert keep["dp"].wire_bytes == pytest.approx(ddp["dp"].wire_bytes)
 

@@ -12,6 +12,7 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 VERBS: dict[str, tuple[str, str]] = {
     # verb: (module with run(cfg), one line of help)
     "inspect": ("twin.cli.inspect", "parameters, memory per category, FLOPs and traffic per rank"),
+    "schedule": ("twin.cli.schedule", "one rank's program of ops: kinds, collectives per group, JSON dump"),
 }
 
 USAGE = """usage: paratwin VERB [key=value ...] [-m]

@@ -61,7 +61,7 @@ class StepBuilder:
         self._head_grads: list[int] = []
         self.sync: GradSync | None = None
         self.fsdp: FSDP | None = None
-        every = par.zero_stage >= 2
+        every = par.sync_every_microbatch
         if par.legacy_dp:
             pass  # nn.DataParallel reduces gradients to device 0 itself (schedule/legacy.py)
         elif par.dp > 1 and par.zero_stage in (0, 1, 2):

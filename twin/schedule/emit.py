@@ -139,7 +139,9 @@ class ProgramBuilder:
     # -- memory ------------------------------------------------------------------
     def alloc(self, ctx: Ctx, buffer: str, category: str, nbytes: float,
               deps: Iterable[Idx] = ()) -> int:
-        return self.emit(ctx, f"alloc.{buffer}", "alloc", "mem", deps, category=category,
+        """Allocate when the host reaches this point (after the latest compute op) and ``deps``."""
+        return self.emit(ctx, f"alloc.{buffer}", "alloc", "mem", [deps, self.last_compute],
+                         category=category,
                          bytes=float(nbytes), tag=buffer)
 
     def free(self, ctx: Ctx, buffer: str, category: str, nbytes: float,

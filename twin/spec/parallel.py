@@ -11,6 +11,7 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 RANK_DIMS = ("tp", "cp", "pp", "dp")
+GRAD_SYNC = ("default", "last", "every")
 
 
 class ConfigWarning(UserWarning):
@@ -60,6 +61,9 @@ class ParallelPlan:
     """nn.DataParallel: one process drives all dp devices of one node."""
     flash_attention: bool = True
     """Fused attention that keeps no s x s scores (memory as with selective recompute)."""
+    grad_sync: str = "default"
+    """Gradient sync with several micro-batches: default (DDP and ZeRO-1 on the last
+    micro-batch only, like no_sync; ZeRO-2/3 and FSDP every micro-batch), last, or every."""
 
     def __post_init__(self) -> None:
         if self.pp_stage_layers is not None:
@@ -73,6 +77,7 @@ class ParallelPlan:
         check_choice(problems, "parallel.zero_stage", self.zero_stage, ZERO_STAGES)
         check_choice(problems, "parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         check_choice(problems, "parallel.recompute", self.recompute, RECOMPUTE)
+        check_choice(problems, "parallel.grad_sync", self.grad_sync, GRAD_SYNC)
         if self.cp != 1:
             problems.append(f"parallel.cp={self.cp!r} is reserved and must be 1 "
                             "(context parallelism is not modelled yet)")
@@ -154,6 +159,13 @@ class ParallelPlan:
         if "cp" not in dims:
             dims = ("cp",) + dims
         return dims
+
+    @property
+    def sync_every_microbatch(self) -> bool:
+        """Whether gradients are reduced after every micro-batch (see grad_sync)."""
+        if self.grad_sync == "default":
+            return self.zero_stage >= 2
+        return self.grad_sync == "every"
 
     @property
     def num_stages(self) -> int:

@@ -7,9 +7,13 @@ what the rank itself sends with ring algorithms: 2(n-1)/n * S for all-reduce,
 
 - DP (DDP): one all-reduce of the gradients per step (no_sync across micro-batches).
 - ZeRO-1: reduce-scatter of gradients + all-gather of parameters, 2*Psi like DDP;
-  ZeRO-2 reduce-scatters every micro-batch; ZeRO-3 all-gathers parameters for
+  ZeRO-2 reduce-scatters every micro-batch (``grad_sync`` changes either default);
+  ZeRO-3 all-gathers parameters for
   forward and again for backward (unless not resharded) and reduce-scatters
-  gradients, per micro-batch: 3*Psi, 1.5x DDP (ZeRO §7).
+  gradients, per micro-batch: 3*Psi, 1.5x DDP (ZeRO §7). FSDP's root unit
+  (embedding, head) is gathered once per micro-batch. (Under PP with several
+  micro-batches in flight, units not resharded after forward can stay gathered from
+  one micro-batch's forward to the next: the schedule then gathers less.)
 - TP: per layer and micro-batch two all-reduces of b*s*h forward and two backward
   (Narayanan §3.2); with SP the same bytes as all-gathers and reduce-scatters
   (Korthikanti §4.2.2); full recompute repeats the forward two.
@@ -22,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from twin.spec import Job
-from twin.workload.params import stage_params, vocab_rows
+from twin.workload.params import layer_params, stage_params, vocab_rows
 
 WIRE_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -75,23 +79,28 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
 
     if par.dp > 1:
         dp = GroupTraffic("dp", par.dp)
+        syncs = m if par.sync_every_microbatch else 1
         if par.legacy_dp:
-            logits = 4 * model.seq_len * par.micro_batch_size * model.vocab_size
-            dp.add("broadcast", m, psi_bytes)
-            dp.add("gather", m, logits * par.dp)
-            dp.add("reduce", m, psi_bytes)
+            tokens = par.micro_batch_size * model.seq_len
+            logits = 4 * tokens * model.vocab_size * par.dp
+            dp.add("scatter", m, 8 * tokens * par.dp)  # input tokens
+            dp.add("broadcast", m, psi_bytes)  # replicate() every forward
+            dp.add("gather", m, logits)  # outputs to device 0
+            dp.add("scatter", m, logits)  # output gradients back
+            dp.add("reduce", m, psi_bytes)  # gradients to device 0
         elif par.zero_stage == 0:
-            dp.add("all_reduce", 1, psi_bytes)
-        elif par.zero_stage == 1:
-            dp.add("reduce_scatter", 1, psi_bytes)
-            dp.add("all_gather", 1, psi_bytes)
-        elif par.zero_stage == 2:
-            dp.add("reduce_scatter", m, psi_bytes)
+            dp.add("all_reduce", syncs, psi_bytes)
+        elif par.zero_stage in (1, 2):
+            dp.add("reduce_scatter", syncs, psi_bytes)
             dp.add("all_gather", 1, psi_bytes)
         else:
+            # layer units gathered for forward and again for backward; the root unit
+            # (embedding, head) stays gathered from forward to backward
+            root_bytes = (stage_params(job, stage) - len(job.layers_on_stage(stage))
+                          * layer_params(model, par.tp).total) * e
             gathers = 2 if par.fsdp_reshard_after_forward else 1
-            dp.add("all_gather", gathers * m, psi_bytes)
-            dp.add("reduce_scatter", m, psi_bytes)
+            dp.add("all_gather", m, gathers * (psi_bytes - root_bytes) + root_bytes)
+            dp.add("reduce_scatter", syncs, psi_bytes)
         out["dp"] = dp
 
     bsh = par.micro_batch_size * model.seq_len * model.hidden_size * e
@@ -132,6 +141,7 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
             # Megatron keeps the tied embedding on the first and last stage and
             # all-reduces its gradient between the two once per step.
             embd = GroupTraffic("embd", 2)
-            embd.add("all_reduce", 1, vocab_rows(model, par.tp) * model.hidden_size * e)
+            shard = par.dp if par.zero_stage >= 2 else 1  # gradients already sharded over dp
+            embd.add("all_reduce", 1, vocab_rows(model, par.tp) * model.hidden_size * e / shard)
             out["embd"] = embd
     return out
