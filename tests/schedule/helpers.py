@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -13,7 +13,7 @@ from twin.cli.main import CONF_DIR
 PARALLEL = sorted(p.stem for p in (CONF_DIR / "parallel").glob("*.yaml"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def preset_job(parallel: str, model: str = "tiny", cluster: str = "cpu_local",
                gpus: int | None = None, *extra: str):
     """The job of a parallel preset (world size 2, 3D at 4, single at 1, unless ``gpus``)."""

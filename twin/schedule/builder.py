@@ -23,8 +23,7 @@ from twin.schedule.sharded import FSDP, ROOT
 from twin.schedule.tensor import TensorParallel
 from twin.spec import Job
 from twin.workload.memory import activation_bytes_per_layer, model_state_bytes
-from twin.workload.params import (embedding_tensors, head_tensors, layer_tensors,
-                                  stage_params, vocab_rows)
+from twin.workload.params import embedding_tensors, head_tensors, layer_tensors, stage_params, vocab_rows
 
 HEAD = -2  # tensor key of the head's parameters
 

@@ -107,7 +107,7 @@ def walk(programs: dict[int, Program]) -> WalkResult:
         for r, p in programs.items():
             ops, dn = p.ops, done[r]
 
-            def ready(i: int) -> bool:
+            def ready(i: int, dn=dn, ops=ops) -> bool:
                 return all(dn[d] for d in ops[i].deps)
 
             moved = True

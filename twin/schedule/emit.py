@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Iterable
 
 from twin.schedule.ir import Op, Program
 from twin.spec import Job
@@ -32,7 +32,7 @@ class Ctx:
             parts.append(f"c{self.chunk}")
         return "/".join(parts)
 
-    def at(self, **kw) -> "Ctx":
+    def at(self, **kw) -> Ctx:
         return replace(self, **kw)
 
 

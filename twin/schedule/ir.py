@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterator
 
 COMPUTE_KINDS = ("gemm", "attention", "elementwise", "optimizer")
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
@@ -177,7 +177,7 @@ class Schedule:
         Path(path).write_text(json.dumps(self.to_dict(ranks)))
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Schedule":
+    def from_dict(cls, data: dict) -> Schedule:
         from twin.spec.io import job_from_dict
 
         if not isinstance(data, dict) or data.get("format") != "paratwin-schedule":
@@ -190,7 +190,7 @@ class Schedule:
         return cls(job_from_dict(data["job"]), builder=None, programs=programs)
 
     @classmethod
-    def load(cls, path: str | Path) -> "Schedule":
+    def load(cls, path: str | Path) -> Schedule:
         """Read a schedule written by ``save``; a file that is not one says so."""
         try:
             data = json.loads(Path(path).read_text())
