@@ -1,0 +1,144 @@
+"""The numbers users quote, computed from a trace: the same code for the twin and the executor.
+
+step time, tokens/s, TFLOP/s per GPU, MFU (PaLM's definition: model FLOPs per second over
+peak, Chowdhery et al. 2022, App. B), compute and idle time per rank, communication not
+hidden behind compute (exposed) per group, the pipeline bubble, and peak memory per rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from twin.spec import Job
+from twin.trace import Span, Trace
+from twin.workload.flops import model_flops_per_step
+
+COMPUTE = ("gemm", "attention", "elementwise", "optimizer")
+MEMORY = ("alloc", "free")
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def exposed_length(comm: list[tuple[float, float]], compute: list[tuple[float, float]]) -> float:
+    """Length of ``comm`` time not covered by ``compute`` time."""
+    c, busy = _merge(comm), _merge(compute)
+    total, j = 0.0, 0
+    for a, b in c:
+        covered = 0.0
+        while j < len(busy) and busy[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(busy) and busy[k][0] < b:
+            covered += min(b, busy[k][1]) - max(a, busy[k][0])
+            k += 1
+        total += (b - a) - covered
+    return total
+
+
+def peak_memory(spans: list[Span]) -> float:
+    """Peak live bytes of one rank in one step (frees before allocs at the same instant)."""
+    events = sorted((s.start_us, 0 if s.kind == "free" else 1, s.bytes)
+                    for s in spans if s.kind in MEMORY)
+    live = peak = 0.0
+    for _, is_alloc, nbytes in events:
+        live += nbytes if is_alloc else -nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def step_stats(spans: list[Span]) -> dict:
+    """Per-step figures of one step's spans (all ranks present in the trace)."""
+    timed = [s for s in spans if s.kind not in MEMORY]
+    if not timed:
+        raise ValueError("the trace has no timed spans for this step")
+    start = min(s.start_us for s in timed)
+    end = max(s.end_us for s in timed)
+    step_us = end - start
+    ranks = sorted({s.rank for s in spans})
+    compute, idle, mem = {}, {}, {}
+    exposed: dict[str, dict[int, float]] = defaultdict(dict)
+    bubble = {}
+    for r in ranks:
+        mine = [s for s in timed if s.rank == r]
+        busy = [(s.start_us, s.end_us) for s in mine if s.kind in COMPUTE]
+        compute[r] = union_length(busy)
+        idle[r] = step_us - compute[r]
+        groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for s in mine:
+            if s.kind not in COMPUTE:
+                groups[s.group or s.kind].append((s.start_us, s.end_us))
+        for g, iv in groups.items():
+            exposed[g][r] = exposed_length(iv, busy)
+        coll = [iv for g, ivs in groups.items() if g != "pp" for iv in ivs]
+        bubble[r] = max(0.0, step_us - compute[r] - exposed_length(coll, busy))
+        mem[r] = peak_memory([s for s in spans if s.rank == r])
+    return {"step_us": step_us, "compute_us": compute, "idle_us": idle, "exposed_us": exposed,
+            "bubble_us": bubble, "peak_memory_bytes": mem}
+
+
+def summarize(trace: Trace, job: Job) -> dict:
+    """summary.json fields of a trace (median step; p10/p90 over steps)."""
+    by_step: dict[int, list[Span]] = defaultdict(list)
+    for s in trace.spans:
+        by_step[s.step].append(s)
+    if not by_step:
+        raise ValueError("the trace is empty")
+    stats = {k: step_stats(v) for k, v in sorted(by_step.items())}
+    times = sorted(st["step_us"] for st in stats.values())
+    median_step = min(stats, key=lambda k: abs(stats[k]["step_us"] - statistics.median(times)))
+    st = stats[median_step]
+    step_s = statistics.median(times) / 1e6
+    world = job.grid.world_size
+    par, model = job.parallel, job.model
+    flops = model_flops_per_step(model, par.global_batch_size)
+    peak = job.cluster.gpu.peak_flops(model.dtype)
+    tokens = par.global_batch_size * model.seq_len
+    mem = {r: max(s["peak_memory_bytes"].get(r, 0.0) for s in stats.values())
+           for r in st["peak_memory_bytes"]}
+    ranks = sorted(st["compute_us"])
+
+    def q(p: float) -> float:
+        return times[min(len(times) - 1, max(0, round(p * (len(times) - 1))))] / 1e6
+
+    return {
+        "step_time_s": step_s,
+        "step_time_p10_s": q(0.1),
+        "step_time_p50_s": step_s,
+        "step_time_p90_s": q(0.9),
+        "steps": len(times),
+        "tokens_per_s": tokens / step_s,
+        "tflops_per_gpu": flops / step_s / world / 1e12,
+        "mfu": flops / (step_s * world * peak),
+        "bubble_fraction": (statistics.mean(st["bubble_us"].values()) / st["step_us"]
+                            if par.pp > 1 else 0.0),
+        "exposed_comm_s": {g: statistics.mean(v.values()) / 1e6
+                           for g, v in sorted(st["exposed_us"].items())},
+        "compute_s": {str(r): st["compute_us"][r] / 1e6 for r in ranks},
+        "idle_s": {str(r): st["idle_us"][r] / 1e6 for r in ranks},
+        "peak_memory_bytes": {str(r): mem[r] for r in ranks},
+        "peak_memory_max_bytes": max(mem.values()) if mem else 0.0,
+        "fits_memory": (max(mem.values()) if mem else 0.0) <= job.cluster.hbm_bytes,
+        "world_size": world,
+        "model_flops_per_step": flops,
+        "tokens_per_step": tokens,
+    }

@@ -1,0 +1,157 @@
+"""Trace: the spans of a run (twin or executor), one schema for both, and its files.
+
+A span is one op of one rank in one step, identified by (rank, step, op). Times are in
+microseconds from the start of the run (the Chrome-trace unit). Memory ops are spans of
+zero length whose ``bytes`` and ``category`` say what was allocated or freed.
+
+File format (``trace.json`` or ``.json.gz``): {"format": "paratwin-trace", "version": 1,
+"meta": {...}, "columns": [...], "spans": [[...], ...]}: columnar, so a 200,000-span
+trace stays small and quick to load.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import astuple, dataclass, field, fields
+from pathlib import Path
+
+FORMAT = "paratwin-trace"
+VERSION = 1
+
+
+@dataclass(slots=True)
+class Span:
+    """One op executed (or simulated) on one rank."""
+
+    rank: int
+    step: int
+    op: str
+    """The op's name: its stable id in the schedule (twin and executor share it)."""
+    kind: str
+    stream: str
+    start_us: float
+    end_us: float
+    phase: str = ""
+    layer: int = -1
+    mb: int = -1
+    group: str = ""
+    """Collective/p2p group name (dp, tp, pp, ...), '' for compute and memory."""
+    bytes: float = 0.0
+    flops: float = 0.0
+    category: str = ""
+    """Memory category of alloc/free spans."""
+    peer: int = -1
+    """The other rank of a send or recv."""
+    tag: str = ""
+    """The tag pairing a send with its recv."""
+
+    @property
+    def dur_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+COLUMNS = [f.name for f in fields(Span)]
+
+
+@dataclass
+class Trace:
+    """Spans plus metadata: source (twin|executor), job, world size, steps, and more."""
+
+    spans: list[Span] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def by_rank(self) -> dict[int, list[Span]]:
+        out: dict[int, list[Span]] = {}
+        for s in self.spans:
+            out.setdefault(s.rank, []).append(s)
+        return out
+
+    def steps(self) -> list[int]:
+        return sorted({s.step for s in self.spans})
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "meta": self.meta, "columns": COLUMNS,
+                "spans": [list(astuple(s)) for s in self.spans]}
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically (a temporary file renamed into place); ``.gz`` compresses."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        data = json.dumps(self.to_dict(), separators=(",", ":"))
+        if path.suffix == ".gz":
+            with gzip.open(tmp, "wt") as fh:
+                fh.write(data)
+        else:
+            tmp.write_text(data)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "data") -> "Trace":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"{where} is not a paratwin trace (no 'format: {FORMAT}'); "
+                             "give the trace.json written by simulate or execute")
+        if data.get("version") != VERSION:
+            raise ValueError(f"{where}: trace version {data.get('version')} is not supported "
+                             f"(this paratwin reads version {VERSION})")
+        cols = data["columns"]
+        if cols != COLUMNS:
+            idx = [cols.index(c) if c in cols else None for c in COLUMNS]
+            defaults = Span(0, 0, "", "", "", 0.0, 0.0)
+            rows = [Span(*[r[i] if i is not None else getattr(defaults, c)
+                           for i, c in zip(idx, COLUMNS)]) for r in data["spans"]]
+        else:
+            rows = [Span(*r) for r in data["spans"]]
+        return cls(spans=rows, meta=data.get("meta", {}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        """Read a trace file; anything else gets an error naming the file and the fix."""
+        path = Path(path)
+        try:
+            if path.suffix == ".gz":
+                with gzip.open(path, "rt") as fh:
+                    data = json.load(fh)
+            else:
+                data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as err:
+            raise ValueError(f"{path} is not a paratwin trace ({type(err).__name__}: {err})") \
+                from None
+        return cls.from_dict(data, str(path))
+
+
+def chrome_trace(trace: Trace, gpus_per_node: int | None = None) -> dict:
+    """Chrome/Perfetto trace events: pid per node, tid per (rank, stream), times in us,
+    flow arrows from each send to its recv."""
+    gpn = gpus_per_node or trace.meta.get("gpus_per_node") or 8
+    streams: dict[tuple[int, str], int] = {}
+    events: list[dict] = []
+    for s in trace.spans:
+        key = (s.rank, s.stream)
+        if key not in streams:
+            streams[key] = len(streams) + 1
+            events.append({"ph": "M", "name": "thread_name", "pid": s.rank // gpn,
+                           "tid": streams[key], "args": {"name": f"rank {s.rank} {s.stream}"}})
+        pid, tid = s.rank // gpn, streams[key]
+        args = {"op": s.op, "step": s.step, "bytes": s.bytes, "flops": s.flops}
+        if s.kind in ("alloc", "free"):
+            events.append({"ph": "i", "s": "t", "name": f"{s.kind} {s.category}", "pid": pid,
+                           "tid": tid, "ts": s.start_us, "args": args})
+            continue
+        events.append({"ph": "X", "name": s.op, "cat": s.kind, "pid": pid, "tid": tid,
+                       "ts": s.start_us, "dur": max(s.dur_us, 0.0), "args": args})
+    nodes = sorted({s.rank // gpn for s in trace.spans})
+    for n in nodes:
+        events.append({"ph": "M", "name": "process_name", "pid": n, "args": {"name": f"node {n}"}})
+    sends = {(s.step, s.rank, s.peer, s.tag): s for s in trace.spans if s.kind == "send"}
+    for flow, s in enumerate((r for r in trace.spans if r.kind == "recv"), start=1):
+        src = sends.get((s.step, s.peer, s.rank, s.tag))
+        if src is None:
+            continue
+        events.append({"ph": "s", "id": flow, "name": "p2p", "cat": "p2p",
+                       "pid": src.rank // gpn, "tid": streams[(src.rank, src.stream)],
+                       "ts": src.start_us})
+        events.append({"ph": "f", "bp": "e", "id": flow, "name": "p2p", "cat": "p2p",
+                       "pid": s.rank // gpn, "tid": streams[(s.rank, s.stream)], "ts": s.end_us})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
