@@ -13,6 +13,8 @@ VERBS: dict[str, tuple[str, str]] = {
     # verb: (module with run(cfg), one line of help)
     "inspect": ("twin.cli.inspect", "parameters, memory per category, FLOPs and traffic per rank"),
     "schedule": ("twin.cli.schedule", "one rank's program of ops: kinds, collectives per group, JSON dump"),
+    "execute": ("executor.cli.execute", "run the schedule for real with torch.distributed, timing every op"),
+    "bench": ("executor.cli.bench", "microbenchmark collectives and kernels of this machine (CSV)"),
 }
 
 USAGE = """usage: paratwin VERB [key=value ...] [-m]
