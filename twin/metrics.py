@@ -75,11 +75,22 @@ def step_stats(spans: list[Span]) -> dict:
     end = max(s.end_us for s in timed)
     step_us = end - start
     ranks = sorted({s.rank for s in spans})
+    # the pipeline's window: first forward to last backward compute over all ranks
+    pipe = [s for s in timed if s.kind in COMPUTE and s.phase in ("fwd", "bwd", "recompute")]
+    w0 = min((s.start_us for s in pipe), default=start)
+    w1 = max((s.end_us for s in pipe), default=end)
     compute, idle, mem = {}, {}, {}
     exposed: dict[str, dict[int, float]] = defaultdict(dict)
     bubble = {}
+    by_rank: dict[int, list[Span]] = defaultdict(list)
+    for s in timed:
+        by_rank[s.rank].append(s)
+    mem_by_rank: dict[int, list[Span]] = defaultdict(list)
+    for s in spans:
+        if s.kind in MEMORY:
+            mem_by_rank[s.rank].append(s)
     for r in ranks:
-        mine = [s for s in timed if s.rank == r]
+        mine = by_rank[r]
         busy = [(s.start_us, s.end_us) for s in mine if s.kind in COMPUTE]
         compute[r] = union_length(busy)
         idle[r] = step_us - compute[r]
@@ -89,22 +100,29 @@ def step_stats(spans: list[Span]) -> dict:
                 groups[s.group or s.kind].append((s.start_us, s.end_us))
         for g, iv in groups.items():
             exposed[g][r] = exposed_length(iv, busy)
-        coll = [iv for g, ivs in groups.items() if g != "pp" for iv in ivs]
-        bubble[r] = max(0.0, step_us - compute[r] - exposed_length(coll, busy))
-        mem[r] = peak_memory([s for s in spans if s.rank == r])
+        # bubble: inside the window, time with neither compute nor (non-p2p) communication
+        clip = [(max(a, w0), min(b, w1)) for a, b in busy if b > w0 and a < w1]
+        coll = [(max(a, w0), min(b, w1)) for g, ivs in groups.items() if g != "pp"
+                for a, b in ivs if b > w0 and a < w1]
+        bubble[r] = max(0.0, (w1 - w0) - union_length(clip) - exposed_length(coll, clip))
+        mem[r] = peak_memory(mem_by_rank[r])
     return {"step_us": step_us, "compute_us": compute, "idle_us": idle, "exposed_us": exposed,
             "bubble_us": bubble, "peak_memory_bytes": mem}
 
 
-def summarize(trace: Trace, job: Job) -> dict:
-    """summary.json fields of a trace (median step; p10/p90 over steps)."""
+def summarize(trace: Trace, job: Job, step_times_s: list[float] | None = None) -> dict:
+    """summary.json fields of a trace (median step; p10/p90 over steps).
+
+    ``step_times_s``: the true step times when the trace holds only some ranks (the
+    twin records a subset of a large run); otherwise they come from the spans."""
     by_step: dict[int, list[Span]] = defaultdict(list)
     for s in trace.spans:
         by_step[s.step].append(s)
     if not by_step:
         raise ValueError("the trace is empty")
     stats = {k: step_stats(v) for k, v in sorted(by_step.items())}
-    times = sorted(st["step_us"] for st in stats.values())
+    times = sorted(st["step_us"] for st in stats.values()) if step_times_s is None else \
+        sorted(t * 1e6 for t in step_times_s)
     median_step = min(stats, key=lambda k: abs(stats[k]["step_us"] - statistics.median(times)))
     st = stats[median_step]
     step_s = statistics.median(times) / 1e6
@@ -129,15 +147,15 @@ def summarize(trace: Trace, job: Job) -> dict:
         "tokens_per_s": tokens / step_s,
         "tflops_per_gpu": flops / step_s / world / 1e12,
         "mfu": flops / (step_s * world * peak),
-        "bubble_fraction": (statistics.mean(st["bubble_us"].values()) / st["step_us"]
+        "bubble_fraction": (float(statistics.mean(st["bubble_us"].values())) / st["step_us"]
                             if par.pp > 1 else 0.0),
-        "exposed_comm_s": {g: statistics.mean(v.values()) / 1e6
+        "exposed_comm_s": {g: float(statistics.mean(v.values())) / 1e6
                            for g, v in sorted(st["exposed_us"].items())},
-        "compute_s": {str(r): st["compute_us"][r] / 1e6 for r in ranks},
-        "idle_s": {str(r): st["idle_us"][r] / 1e6 for r in ranks},
-        "peak_memory_bytes": {str(r): mem[r] for r in ranks},
-        "peak_memory_max_bytes": max(mem.values()) if mem else 0.0,
-        "fits_memory": (max(mem.values()) if mem else 0.0) <= job.cluster.hbm_bytes,
+        "compute_s": {str(r): float(st["compute_us"][r]) / 1e6 for r in ranks},
+        "idle_s": {str(r): float(st["idle_us"][r]) / 1e6 for r in ranks},
+        "peak_memory_bytes": {str(r): float(mem[r]) for r in ranks},
+        "peak_memory_max_bytes": float(max(mem.values())) if mem else 0.0,
+        "fits_memory": bool((max(mem.values()) if mem else 0.0) <= job.cluster.hbm_bytes),
         "world_size": world,
         "model_flops_per_step": flops,
         "tokens_per_step": tokens,

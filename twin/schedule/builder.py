@@ -15,6 +15,8 @@ The composition, in order (what each rank does in one optimizer step):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from twin.schedule.data import GradSync
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.ir import Program, Schedule
@@ -32,7 +34,54 @@ def build_schedule(job: Job) -> Schedule:
     """A schedule whose programs are built per rank on demand."""
     from twin.schedule.legacy import legacy_dp_program
 
-    return Schedule(job, builder=legacy_dp_program if job.parallel.legacy_dp else build_program)
+    if job.parallel.legacy_dp:
+        return Schedule(job, builder=legacy_dp_program)
+    return Schedule(job, builder=TemplateBuilder(job))
+
+
+class TemplateBuilder:
+    """Builds one program per pipeline stage and derives the other ranks' by translation.
+
+    All ranks of a stage run the same ops; only the global ranks inside them differ. A
+    rank's program is its stage template with every group, peer and root moved by the
+    rank's offset on the grid (coordinates shifted modulo each axis), groups re-sorted
+    into the grid's canonical (ascending) order. Compute and memory ops are shared."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.templates: dict[int, Program] = {}
+
+    def __call__(self, job: Job, rank: int) -> Program:
+        grid = job.grid
+        stage = grid.coord(rank, "pp")
+        t = self.templates.get(stage)
+        if t is None:
+            t = self.templates[stage] = build_program(job, rank)
+            return t
+        if t.rank == rank:
+            return t
+        delta = {d: grid.coord(rank, d) - grid.coord(t.rank, d) for d in grid.order}
+        memo: dict[int, int] = {}
+
+        def move(m: int) -> int:
+            if m < 0:
+                return m
+            r = memo.get(m)
+            if r is None:
+                r = memo[m] = grid.rank(**{d: (grid.coord(m, d) + delta[d]) % grid.size(d)
+                                           for d in grid.order})
+            return r
+
+        groups: dict[tuple, tuple] = {}
+        ops = []
+        for op in t.ops:
+            if op.group or op.peer >= 0 or op.root >= 0:
+                g = groups.get(op.group)
+                if g is None:
+                    g = groups[op.group] = tuple(sorted(move(m) for m in op.group))
+                op = replace(op, group=g, peer=move(op.peer), root=move(op.root))
+            ops.append(op)
+        return Program(rank, ops)
 
 
 class StepBuilder:

@@ -1,0 +1,292 @@
+"""The SimPy engine: one process per rank and FIFO stream, rendezvous for collectives
+and send/recv, transfers and shared cores through the fabric.
+
+Per the IR's stream semantics (twin/schedule/ir.py): an op starts when the previous op of
+its stream has finished and its dependencies are done. Runs of compute ops that nobody on
+another stream waits for are advanced with one timeout (their spans follow by
+arithmetic), so events scale with the synchronisation points, not with the ops. Memory
+ops take no time: each happens when its last dependency ends, computed after the run.
+
+Rank folding: ranks that are copies of each other along the folded axes (dp, tp) are
+simulated once; their collectives complete when the simulated members arrive, and
+their flows count once per copy on the resources the copies share (NIC, loopback, cores).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from twin.cost import CostModel
+from twin.schedule.ir import Program
+from twin.sim.collectives import plan_collective
+from twin.sim.fabric import Fabric
+from twin.sim.topology import Topology
+from twin.spec import Job
+
+FIFO_UNORDERED = ("p2p", "mem")
+
+
+@dataclass
+class SimOptions:
+    """What-if knobs and fidelity options of one simulation."""
+
+    fold: str = "none"
+    """none, dp, tp or all: axes whose ranks are simulated once (exact copies)."""
+    algorithm: str = "auto"
+    """Collective algorithm: auto (hierarchical across nodes, else ring), ring, tree."""
+    straggler: dict = field(default_factory=dict)
+    """rank -> compute slowdown factor (2.0: that rank computes at half speed)."""
+    degraded: dict = field(default_factory=dict)
+    """fabric resource -> bandwidth factor, e.g. {("nic_out", 0, 0): 0.5}."""
+    jitter: bool = False
+    """Draw compute and collective noise from the profile's compute_cv / comm_cv."""
+    seed: int = 0
+
+
+def fold_classes(job: Job, fold: str) -> dict[int, list[int]]:
+    """Representative rank -> the ranks it stands for (itself first)."""
+    dims = {"none": (), "dp": ("dp",), "tp": ("tp",), "all": ("dp", "tp")}[fold]
+    if job.parallel.legacy_dp and "dp" in dims:
+        raise ValueError("fold=dp cannot fold legacy DP: device 0 differs from the others; "
+                         "use fold=none")
+    grid = job.grid
+    out: dict[int, list[int]] = {}
+    for r in range(grid.world_size):
+        rep = r - sum(grid.coord(r, d) * (grid.rank(**{d: 1}) if grid.size(d) > 1 else 0)
+                      for d in dims)
+        out.setdefault(rep, []).append(r)
+    return out
+
+
+class Simulation:
+    """One simulated step of a schedule."""
+
+    def __init__(self, job: Job, programs: dict[int, Program], cost: CostModel,
+                 options: SimOptions, classes: dict[int, list[int]]):
+        self.job, self.programs, self.cost, self.opt = job, programs, cost, options
+        self.env = simpy.Environment()
+        self.topo = Topology(job.cluster, job.grid, cost, options.degraded or None)
+        every = set()
+        for members in classes.values():
+            every.update(members)
+        self.fabric = Fabric(self.env, self.topo.resources_for(sorted(every)))
+        self.classes = classes
+        self.simulated = set(programs)
+        self.rng = np.random.default_rng(options.seed)
+        self.events = 0
+        self.start = {r: np.zeros(len(p.ops)) for r, p in programs.items()}
+        self.end = {r: np.zeros(len(p.ops)) for r, p in programs.items()}
+        self._rv: dict[tuple, dict] = {}
+        self._pairs: dict[tuple, list] = {}
+        self._dur_cache: dict = {}
+        self.core_share = job.cluster.cores_per_node is not None and cost.core_share
+        self._class_of = {m: rep for rep, ms in classes.items() for m in ms}
+        self._inflight_comm = {r: 0 for r in programs}
+
+    # -- helpers ------------------------------------------------------------------------
+    def _noise(self, cv: float) -> float:
+        if not self.opt.jitter or cv <= 0:
+            return 1.0
+        sigma = math.sqrt(math.log(1 + cv * cv))
+        return float(self.rng.lognormal(-sigma * sigma / 2, sigma))
+
+    def _compute_dur(self, rank: int, op) -> float:
+        key = (op.kind, op.flops, op.bytes, op.dtype, op.shape[5] if op.kind == "attention" else 0)
+        d = self._dur_cache.get(key)
+        if d is None:
+            d = self._dur_cache[key] = self.cost.compute_time(op, self.job.cluster.gpu)
+        d *= self.opt.straggler.get(rank, 1.0)
+        if self.cost.overlap_slowdown and self._inflight_comm[rank]:
+            d *= 1 + self.cost.overlap_slowdown
+        return d * self._noise(self.cost.compute_cv)
+
+    def _weights(self, src: int, resources: tuple) -> tuple:
+        """How many copies of ``src``'s flow share each resource (folded ranks)."""
+        copies = self.classes.get(self._class_of.get(src, src), [src])
+        if len(copies) == 1:
+            return (1.0,) * len(resources)
+        topo = self.topo
+        w = []
+        for res in resources:
+            if res[0] in ("loop", "up", "down", "cpu"):
+                w.append(float(sum(topo.grid.node(c) == res[1] for c in copies)))
+            elif res[0] in ("nic_out", "nic_in"):
+                w.append(float(sum(topo.grid.node(c) == res[1] and topo.nic(c) == res[2]
+                                   for c in copies)))
+            else:
+                w.append(1.0)
+        return tuple(max(x, 1.0) for x in w)
+
+    def _bundle(self, flows) -> simpy.Event | None:
+        """One fabric flow for a phase's flows: ring members move in lockstep, so the phase
+        runs at the pace of its most loaded resource. Each resource is weighted by how many
+        of the phase's flows (and their folded copies) cross it; the bundle moves the
+        largest per-flow byte count."""
+        weights: dict = {}
+        amount = 0.0
+        for src, dst, nbytes in flows:
+            if src not in self.simulated:
+                continue  # a folded copy: its simulated representative moves the same bytes
+            res = self.topo.route(src, dst)
+            for r, w in zip(res, self._weights(src, res)):
+                weights[r] = weights.get(r, 0.0) + w
+            amount = max(amount, nbytes)
+        if not weights:
+            return None
+        res = tuple(weights)
+        return self.fabric.transfer(res, amount, weights=tuple(weights[r] for r in res))
+
+    # -- processes ------------------------------------------------------------------------
+    def _collective(self, rank: int, op):
+        key = (op.group, op.name)
+        rv = self._rv.get(key)
+        if rv is None:
+            members = [m for m in op.group if m in self.simulated]
+            rv = self._rv[key] = {"left": len(members), "done": self.env.event()}
+        rv["left"] -= 1
+        if rv["left"] == 0:
+            del self._rv[key]
+            phases = plan_collective(op.kind, op.group, op.bytes, self.topo, self.opt.algorithm,
+                                     op.root)
+            self._next_phase(phases, 0, rv["done"], self._noise(self.cost.comm_cv),
+                             self.cost.base_latency_us * 1e-6)
+        self.events += 1
+        yield rv["done"]
+
+    def _next_phase(self, phases, k: int, done: simpy.Event, noise: float, extra: float) -> None:
+        """Run phase k (latency, then its bundled flow) by callbacks, then the next."""
+        if k == len(phases):
+            done.succeed()
+            return
+        lat = (phases[k].latency_s + extra) * noise
+
+        def start(_=None):
+            ev = self._bundle(phases[k].flows)
+            self.events += 2
+            if ev is None:
+                self._next_phase(phases, k + 1, done, noise, 0.0)
+            else:
+                ev.callbacks.append(lambda _e: self._next_phase(phases, k + 1, done, noise, 0.0))
+
+        if lat > 0:
+            self.env.timeout(lat).callbacks.append(start)
+        else:
+            start()
+
+    def _p2p(self, rank: int, i: int, op, evs, external):
+        waits = [evs[d] for d in op.deps if evs.get(d) is not None and not evs[d].triggered]
+        if waits:
+            yield self.env.all_of(waits)
+        src, dst = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
+        key = (src, dst, op.tag)
+        self.start[rank][i] = self.env.now
+        pair = self._pairs.get(key)
+        if pair is None:
+            pair = self._pairs[key] = [self.env.event(), 0]
+        pair[1] += 1
+        if pair[1] == 2 or (op.peer not in self.simulated):
+            del self._pairs[key]
+            self.env.process(self._run_p2p(src, dst, op, pair[0]))
+        yield pair[0]
+        self.end[rank][i] = self.env.now
+        self.events += 2
+        if i in external:
+            evs[i].succeed()
+
+    def _run_p2p(self, src, dst, op, done):
+        lat = self.cost.p2p_latency_us * 1e-6 if self.cost.p2p_latency_us is not None \
+            else self.topo.alpha(src, dst)
+        yield self.env.timeout(lat * self._noise(self.cost.comm_cv))
+        ev = self._bundle([(src, dst, op.bytes)] if src in self.simulated else
+                          [(dst, src, op.bytes)])
+        if ev is not None:
+            yield ev
+        done.succeed()
+
+    def _stream(self, rank: int, indices: list[int], evs: dict, external: set):
+        ops = self.programs[rank].ops
+        env = self.env
+        st, en = self.start[rank], self.end[rank]
+        pending = 0.0  # compute time advanced arithmetically, not yet waited for
+        node = self.job.grid.node(rank)
+        for i in indices:
+            op = ops[i]
+            waits = [evs[d] for d in op.deps if d in evs and not evs[d].triggered]
+            if waits:
+                if pending:
+                    yield env.timeout(pending)
+                    pending = 0.0
+                yield waits[0] if len(waits) == 1 else env.all_of(waits)
+                self.events += 1
+            if op.is_compute:
+                dur = self._compute_dur(rank, op)
+                if self.core_share:
+                    if pending:
+                        yield env.timeout(pending)
+                        pending = 0.0
+                    st[i] = env.now
+                    res = (("cpu", node),)
+                    yield self.fabric.transfer(res, dur, cap=1.0, weights=self._weights(rank, res))
+                    en[i] = env.now
+                    self.events += 1
+                else:
+                    st[i] = env.now + pending
+                    pending += dur
+                    en[i] = env.now + pending
+                    if i in external or self.cost.overlap_slowdown:
+                        yield env.timeout(pending)
+                        pending = 0.0
+                        self.events += 1
+            else:  # a collective on a comm stream
+                if pending:
+                    yield env.timeout(pending)
+                    pending = 0.0
+                st[i] = env.now
+                self._inflight_comm[rank] += 1
+                yield from self._collective(rank, op)
+                self._inflight_comm[rank] -= 1
+                en[i] = env.now
+            if i in external:
+                evs[i].succeed()
+        if pending:
+            yield env.timeout(pending)
+
+    def run(self) -> float:
+        """Simulate; returns the step time in seconds."""
+        for rank, prog in self.programs.items():
+            ops = prog.ops
+            streams: dict[str, list[int]] = {}
+            external: set[int] = set()
+            for i, op in enumerate(ops):
+                if op.stream == "mem":
+                    continue  # timed after the run from its dependencies
+                streams.setdefault(op.stream, []).append(i)
+                for d in op.deps:
+                    if ops[d].stream != op.stream or op.stream == "p2p":
+                        external.add(d)
+            evs = {i: self.env.event() for i in external}
+            for s, idx in streams.items():
+                if s == "p2p":
+                    for i in idx:
+                        self.env.process(self._p2p(rank, i, ops[i], evs, external))
+                else:
+                    self.env.process(self._stream(rank, idx, evs, external))
+        self.env.run()
+        stuck = [k for k in self._rv] + [k for k in self._pairs]
+        if stuck:
+            raise RuntimeError(f"simulation ended with {len(stuck)} collectives or p2p waiting "
+                               f"(first: {stuck[0]}): the schedule deadlocks")
+        self._memory_times()
+        return max(float(e.max()) if len(e) else 0.0 for e in self.end.values())
+
+    def _memory_times(self) -> None:
+        for rank, prog in self.programs.items():
+            st, en = self.start[rank], self.end[rank]
+            for i, op in enumerate(prog.ops):
+                if op.stream == "mem":
+                    t = max((en[d] for d in op.deps), default=0.0)
+                    st[i] = en[i] = t

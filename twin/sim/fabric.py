@@ -1,0 +1,136 @@
+"""Fabric: links and shared cores as processor-sharing resources for fluid flows.
+
+A flow moves ``amount`` units (bytes, or core-seconds for compute on shared cores)
+across one or more resources. Its rate is min(cap, min over its resources of
+capacity / load), where load is the summed weight of the flows on the resource: two
+equal flows on one link each get half of it and take twice as long (the twin's
+contention test). A flow of weight k on a resource stands for k identical flows there
+(rank folding).
+
+Only flows that share a resource with a starting or finishing flow are re-rated, and
+completions come from a heap with lazy invalidation, so a quiet fabric costs nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+import simpy
+
+EPS = 1e-12
+
+
+class Flow:
+    __slots__ = ("amount", "remaining", "resources", "cap", "weights", "rate", "t", "event",
+                 "version", "id")
+
+    def __init__(self, fid: int, amount: float, resources: tuple, cap: float, weights: tuple,
+                 event: simpy.Event, now: float):
+        self.id = fid
+        self.amount = amount
+        self.remaining = amount
+        self.resources = resources
+        self.cap = cap
+        self.weights = weights
+        self.rate = 0.0
+        self.t = now
+        self.event = event
+        self.version = 0
+
+
+class Fabric:
+    """All shared resources of the simulated machine and the flows crossing them."""
+
+    def __init__(self, env: simpy.Environment, capacity: dict):
+        self.env = env
+        self.capacity = capacity  # resource -> units per second
+        self.load: dict = {}
+        self.flows_on: dict = {}
+        self.heap: list = []
+        self._ids = itertools.count()
+        self._armed = math.inf
+        self.flows_done = 0
+
+    def transfer(self, resources: tuple, amount: float, cap: float = math.inf,
+                 weights: tuple | None = None) -> simpy.Event:
+        """Start a flow now; the returned event fires when it has moved ``amount``.
+
+        ``weights`` (one per resource, default 1): how many identical flows this one
+        stands for on each resource (folded ranks sharing a NIC or the loopback)."""
+        ev = self.env.event()
+        if amount <= 0 or not resources:
+            ev.succeed()
+            return ev
+        for r in resources:
+            if r not in self.capacity:
+                raise KeyError(f"unknown fabric resource {r!r}")
+        weights = weights or (1.0,) * len(resources)
+        f = Flow(next(self._ids), amount, resources, cap, weights, ev, self.env.now)
+        affected = set()
+        for r, w in zip(resources, weights):
+            self.load[r] = self.load.get(r, 0.0) + w
+            on = self.flows_on.setdefault(r, set())
+            affected |= on
+            on.add(f)
+        affected.add(f)
+        self._rerate(affected)
+        return ev
+
+    def _rate(self, f: Flow) -> float:
+        rate = f.cap
+        for r in f.resources:  # each of the w copies on r gets capacity / load
+            rate = min(rate, self.capacity[r] / self.load[r])
+        return rate
+
+    def _rerate(self, flows) -> None:
+        now = self.env.now
+        for f in flows:
+            f.remaining -= f.rate * (now - f.t)
+            f.t = now
+            f.rate = self._rate(f)
+            f.version += 1
+            eta = now + (f.remaining / f.rate if f.rate > 0 else math.inf)
+            heapq.heappush(self.heap, (eta, f.id, f.version, f))
+        self._arm()
+
+    def _arm(self) -> None:
+        while self.heap and self.heap[0][2] != self.heap[0][3].version:
+            heapq.heappop(self.heap)
+        if not self.heap:
+            return
+        eta = self.heap[0][0]
+        if eta < self._armed - EPS:
+            self._armed = eta
+            t = self.env.timeout(max(0.0, eta - self.env.now))
+            t.callbacks.append(self._wake)
+
+    def _wake(self, _event) -> None:
+        self._armed = math.inf
+        now = self.env.now
+        done, affected = [], set()
+        while self.heap:
+            eta, _, version, f = self.heap[0]
+            if version != f.version:
+                heapq.heappop(self.heap)
+                continue
+            if eta > now + EPS * max(1.0, now):
+                break
+            heapq.heappop(self.heap)
+            f.version += 1
+            done.append(f)
+        for f in done:
+            for r, w in zip(f.resources, f.weights):
+                self.load[r] -= w
+                on = self.flows_on[r]
+                on.discard(f)
+                affected |= on
+        affected -= set(done)
+        for f in done:
+            self.flows_done += 1
+            f.event.succeed()
+        if affected:
+            self._rerate(affected)
+        else:
+            self._arm()

@@ -1,0 +1,84 @@
+"""Topology: the cluster's links as fabric resources, and the route between two ranks.
+
+- NVSwitch / PCIe node: each device has an out-port and an in-port at the intra-node
+  bandwidth (per device per direction); a transfer inside the node crosses the
+  sender's out-port and the receiver's in-port.
+- shared_cpu (``cpu_local``): every transfer inside the host shares one loopback
+  resource, and compute shares the host's cores (resource ("cpu", node)).
+- Between nodes: the NIC of the sender's rail (local rank * nics / gpus_per_node) out,
+  the receiver's NIC in; with a fat tree oversubscribed k:1 a node's uplink and downlink
+  carry nics * nic_bw / k; rail-optimized fabrics keep same-rail traffic off the spine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from twin.cost import CostModel
+from twin.spec import ClusterSpec, RankGrid
+
+
+@dataclass
+class Topology:
+    cluster: ClusterSpec
+    grid: RankGrid
+    cost: CostModel
+    degraded: dict | None = None
+    """Resource -> bandwidth factor (what-if: a degraded link)."""
+
+    def __post_init__(self) -> None:
+        c = self.cluster
+        self.gpn = c.gpus_per_node
+        self.shared_cpu = c.intra.kind == "shared_cpu"
+        self.nics = c.inter.nics_per_node
+        self.intra_Bps = c.intra.bw_GBps * 1e9 * self.cost.intra.bw_efficiency
+        self.nic_Bps = c.inter.nic_bw_GBps * 1e9 * self.cost.inter.bw_efficiency
+        self.oversub = c.inter.oversubscription
+        self.rail = c.inter.topology == "rail_optimized"
+        self.capacity: dict = {}
+
+    def resources_for(self, ranks) -> dict:
+        """Capacities of the resources the given ranks can touch (created on demand)."""
+        nodes = {self.grid.node(r) for r in ranks}
+        cap = self.capacity
+        for n in nodes:
+            if self.shared_cpu:
+                cap[("loop", n)] = self.intra_Bps
+                cap[("cpu", n)] = float(self.cluster.cores_per_node or self.gpn)
+            for i in range(self.nics):
+                cap[("nic_out", n, i)] = self.nic_Bps
+                cap[("nic_in", n, i)] = self.nic_Bps
+            up = self.nics * self.nic_Bps / self.oversub
+            cap[("up", n)] = up
+            cap[("down", n)] = up
+        if not self.shared_cpu:
+            for r in ranks:
+                cap[("out", r)] = self.intra_Bps
+                cap[("in", r)] = self.intra_Bps
+        for res, factor in (self.degraded or {}).items():
+            if res in cap:
+                cap[res] = cap[res] * factor
+        return cap
+
+    def nic(self, rank: int) -> int:
+        return self.grid.local_rank(rank) * self.nics // self.gpn
+
+    def inter(self, a: int, b: int) -> bool:
+        return self.grid.node(a) != self.grid.node(b)
+
+    def route(self, src: int, dst: int) -> tuple:
+        """Resources a transfer from ``src`` to ``dst`` crosses."""
+        ns, nd = self.grid.node(src), self.grid.node(dst)
+        if ns == nd:
+            if self.shared_cpu:
+                return (("loop", ns),)
+            return (("out", src), ("in", dst))
+        a, b = self.nic(src), self.nic(dst)
+        path = [("nic_out", ns, a), ("nic_in", nd, b)]
+        if self.oversub > 1 and not (self.rail and a == b):
+            path += [("up", ns), ("down", nd)]
+        return tuple(path)
+
+    def alpha(self, src: int, dst: int) -> float:
+        """Per-hop latency between two ranks."""
+        return self.cost.link_latency_s(self.cluster, self.inter(src, dst))
