@@ -1,0 +1,1 @@
+"""The executor's verbs: `paratwin execute` and `paratwin bench` (Hydra composes, the launcher spawns)."""

@@ -1,0 +1,75 @@
+"""The run directory: what the launcher writes for the ranks, and what the ranks write back.
+
+```
+RUN_DIR/
+  config.yaml     the resolved Hydra config (written once, by the launcher)
+  schedule.json   every rank's program (twin.schedule.ir.Schedule.save)
+  run.json        the ranks' settings: task, steps, warmup, timeouts, backend, fault, ...
+  progress.bin    the progress board (progress.py)
+  logs/rankN.log  each rank's stdout and stderr (local runs)
+  errors/rankN.json  a rank's error report: type, message, traceback, phase, step, op
+  trace.json      the measured steps' spans (rewritten after every completed step)
+  summary.json    twin.metrics.summarize of the trace plus executor fields (idem)
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+CONFIG = "config.yaml"
+SCHEDULE = "schedule.json"
+SETTINGS = "run.json"
+PROGRESS = "progress.bin"
+TRACE = "trace.json"
+SUMMARY = "summary.json"
+
+
+def write_json(path: str | Path, data) -> Path:
+    """Write JSON atomically: a temporary file renamed into place."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
+    return path
+
+
+def read_settings(run_dir: str | Path) -> dict:
+    path = Path(run_dir) / SETTINGS
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; prepare the run directory with "
+                                "`paratwin execute ... launcher=torchrun` first")
+    return json.loads(path.read_text())
+
+
+def log_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / "logs" / f"rank{rank}.log"
+
+
+def error_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / "errors" / f"rank{rank}.json"
+
+
+def read_errors(run_dir: str | Path) -> list[dict]:
+    """Every rank's error report, earliest first."""
+    out = []
+    for p in sorted((Path(run_dir) / "errors").glob("rank*.json")):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return sorted(out, key=lambda e: e.get("t_ns", 0))
+
+
+def prepare(run_dir: str | Path) -> Path:
+    """Create the run directory and clear what a previous run there left behind."""
+    run_dir = Path(run_dir)
+    for sub in ("logs", "errors"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        for old in (run_dir / sub).iterdir():
+            old.unlink()
+    for name in (TRACE, SUMMARY, PROGRESS, "store"):
+        (run_dir / name).unlink(missing_ok=True)
+    return run_dir
