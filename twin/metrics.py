@@ -100,10 +100,12 @@ def step_stats(spans: list[Span]) -> dict:
                 groups[s.group or s.kind].append((s.start_us, s.end_us))
         for g, iv in groups.items():
             exposed[g][r] = exposed_length(iv, busy)
-        # bubble: inside the window, time with neither compute nor (non-p2p) communication
+        # bubble: inside the window, time with neither compute nor communication of the
+        # forward/backward (p2p waits and the step-end syncs' waits are the bubble)
         clip = [(max(a, w0), min(b, w1)) for a, b in busy if b > w0 and a < w1]
-        coll = [(max(a, w0), min(b, w1)) for g, ivs in groups.items() if g != "pp"
-                for a, b in ivs if b > w0 and a < w1]
+        coll = [(max(s.start_us, w0), min(s.end_us, w1)) for s in mine
+                if s.kind not in COMPUTE and s.group != "pp" and s.phase in ("fwd", "bwd", "recompute")
+                and s.end_us > w0 and s.start_us < w1]
         bubble[r] = max(0.0, (w1 - w0) - union_length(clip) - exposed_length(coll, clip))
         mem[r] = peak_memory(mem_by_rank[r])
     return {"step_us": step_us, "compute_us": compute, "idle_us": idle, "exposed_us": exposed,

@@ -12,6 +12,7 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 VERBS: dict[str, tuple[str, str]] = {
     # verb: (module with run(cfg), one line of help)
     "inspect": ("twin.cli.inspect", "parameters, memory per category, FLOPs and traffic per rank"),
+    "simulate": ("twin.cli.simulate", "the twin: step time, MFU, bubbles, exposed comm and memory of a plan"),
     "schedule": ("twin.cli.schedule", "one rank's program of ops: kinds, collectives per group, JSON dump"),
     "execute": ("executor.cli.execute", "run the schedule for real with torch.distributed, timing every op"),
     "bench": ("executor.cli.bench", "microbenchmark collectives and kernels of this machine (CSV)"),

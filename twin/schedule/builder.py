@@ -15,11 +15,9 @@ The composition, in order (what each rank does in one optimizer step):
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from twin.schedule.data import GradSync
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
-from twin.schedule.ir import Program, Schedule
+from twin.schedule.ir import Op, Program, Schedule
 from twin.schedule.pipeline import stage_order
 from twin.schedule.sharded import FSDP, ROOT
 from twin.schedule.tensor import TensorParallel
@@ -57,6 +55,7 @@ class TemplateBuilder:
         t = self.templates.get(stage)
         if t is None:
             t = self.templates[stage] = build_program(job, rank)
+            t.template = rank
             return t
         if t.rank == rank:
             return t
@@ -79,9 +78,11 @@ class TemplateBuilder:
                 g = groups.get(op.group)
                 if g is None:
                     g = groups[op.group] = tuple(sorted(move(m) for m in op.group))
-                op = replace(op, group=g, peer=move(op.peer), root=move(op.root))
+                op = Op(op.name, op.kind, op.stream, op.deps, op.phase, op.paradigm, op.layer,
+                        op.mb, op.chunk, op.shape, op.dtype, op.flops, op.bytes, g, op.group_name,
+                        move(op.root), move(op.peer), op.tag, op.category)
             ops.append(op)
-        return Program(rank, ops)
+        return Program(rank, ops, template=t.rank)
 
 
 class StepBuilder:

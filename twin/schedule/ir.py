@@ -107,6 +107,8 @@ class Program:
 
     rank: int
     ops: list[Op] = field(default_factory=list)
+    template: int | None = None
+    """The rank whose program this one translates (same ops, streams and deps), if any."""
 
     def __iter__(self) -> Iterator[Op]:
         return iter(self.ops)

@@ -8,8 +8,8 @@ per rank follow nccl-tests' bus-bandwidth factors (PERFORMANCE.md):
   all-gather and reduce-scatter (n-1)/n * S in n-1 steps; broadcast and reduce S along a
   pipelined chain; gather and scatter S/n between the root and each member; all-to-all
   S/n from every member to every other.
-- tree all-reduce (NCCL's double binary tree): 2 * S per member toward its parent and
-  back, 2 * ceil(log2 n) steps.
+- tree all-reduce (NCCL's double binary tree): each rank sends and receives about 2 * S
+  over the two complementary trees, 2 * ceil(log2 n) steps.
 - hierarchical (a group over several nodes with g members on each): intra-node
   reduce-scatter ((g-1)/g * S), inter-node ring among same-position members on S/g
   (all-reduce 2(N-1)/N, all-gather or reduce-scatter (N-1)/N), intra-node all-gather.
@@ -83,8 +83,9 @@ def tree(kind: str, members: tuple[int, ...], nbytes: float, topo: Topology) -> 
         return ring(kind, members, nbytes, topo)
     n = len(members)
     depth = math.ceil(math.log2(n)) if n > 1 else 0
-    flows = [(members[i], members[(i - 1) // 2], 2 * nbytes / 2) for i in range(1, n)]
-    flows += [(members[(i - 1) // 2], members[i], 2 * nbytes / 2) for i in range(1, n)]
+    # NCCL's two trees are complementary (a rank internal in one is a leaf in the other), so
+    # each rank sends and receives about 2S in all: a balanced pattern of 2S per member
+    flows = [(members[i], members[(i + 1) % n], 2 * nbytes) for i in range(n)]
     inter = any(topo.inter(a, b) for a, b, _ in flows)
     alpha = topo.cost.link_latency_s(topo.cluster, inter)
     return [Phase(2 * depth * alpha, flows)]

@@ -82,10 +82,12 @@ class Simulation:
         self.end = {r: np.zeros(len(p.ops)) for r, p in programs.items()}
         self._rv: dict[tuple, dict] = {}
         self._pairs: dict[tuple, list] = {}
-        self._dur_cache: dict = {}
+        self._structures: dict = {}
         self.core_share = job.cluster.cores_per_node is not None and cost.core_share
         self._class_of = {m: rep for rep, ms in classes.items() for m in ms}
         self._inflight_comm = {r: 0 for r in programs}
+        self.ops_done = 0
+        self.on_progress = None  # callable(ops_done), called every 16384 ops
 
     # -- helpers ------------------------------------------------------------------------
     def _noise(self, cv: float) -> float:
@@ -93,16 +95,6 @@ class Simulation:
             return 1.0
         sigma = math.sqrt(math.log(1 + cv * cv))
         return float(self.rng.lognormal(-sigma * sigma / 2, sigma))
-
-    def _compute_dur(self, rank: int, op) -> float:
-        key = (op.kind, op.flops, op.bytes, op.dtype, op.shape[5] if op.kind == "attention" else 0)
-        d = self._dur_cache.get(key)
-        if d is None:
-            d = self._dur_cache[key] = self.cost.compute_time(op, self.job.cluster.gpu)
-        d *= self.opt.straggler.get(rank, 1.0)
-        if self.cost.overlap_slowdown and self._inflight_comm[rank]:
-            d *= 1 + self.cost.overlap_slowdown
-        return d * self._noise(self.cost.compute_cv)
 
     def _weights(self, src: int, resources: tuple) -> tuple:
         """How many copies of ``src``'s flow share each resource (folded ranks)."""
@@ -141,21 +133,19 @@ class Simulation:
         return self.fabric.transfer(res, amount, weights=tuple(weights[r] for r in res))
 
     # -- processes ------------------------------------------------------------------------
-    def _collective(self, rank: int, op):
-        key = (op.group, op.name)
-        rv = self._rv.get(key)
-        if rv is None:
-            members = [m for m in op.group if m in self.simulated]
-            rv = self._rv[key] = {"left": len(members), "done": self.env.event()}
+    def _arrive(self, rank: int, op, evs: dict, i: int) -> simpy.Event:
+        """This rank reaches a collective; the last simulated member starts it."""
+        rv = self._rendezvous(op)
+        evs[i] = rv["done"]
         rv["left"] -= 1
         if rv["left"] == 0:
-            del self._rv[key]
+            del self._rv[(op.group, op.name)]
             phases = plan_collective(op.kind, op.group, op.bytes, self.topo, self.opt.algorithm,
                                      op.root)
             self._next_phase(phases, 0, rv["done"], self._noise(self.cost.comm_cv),
                              self.cost.base_latency_us * 1e-6)
         self.events += 1
-        yield rv["done"]
+        return rv["done"]
 
     def _next_phase(self, phases, k: int, done: simpy.Event, noise: float, extra: float) -> None:
         """Run phase k (latency, then its bundled flow) by callbacks, then the next."""
@@ -178,7 +168,8 @@ class Simulation:
             start()
 
     def _p2p(self, rank: int, i: int, op, evs, external):
-        waits = [evs[d] for d in op.deps if evs.get(d) is not None and not evs[d].triggered]
+        waits = [ev for ev in (self._event_of(rank, self.programs[rank].ops[d], evs, d)
+                               for d in op.deps if d in external) if not ev.triggered]
         if waits:
             yield self.env.all_of(waits)
         src, dst = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
@@ -207,24 +198,53 @@ class Simulation:
             yield ev
         done.succeed()
 
-    def _stream(self, rank: int, indices: list[int], evs: dict, external: set):
+    def _event_of(self, rank: int, op, evs: dict, i: int) -> simpy.Event:
+        """The completion event of op ``i`` (a collective's is its rendezvous event)."""
+        ev = evs.get(i)
+        if ev is None:
+            ev = evs[i] = self._rendezvous(op)["done"]
+        return ev
+
+    def _rendezvous(self, op) -> dict:
+        key = (op.group, op.name)
+        rv = self._rv.get(key)
+        if rv is None:
+            members = sum(1 for m in op.group if m in self.simulated)
+            rv = self._rv[key] = {"left": members, "done": self.env.event()}
+        return rv
+
+    def _stream(self, rank: int, indices: list[int], evs: dict, external: set, ext_deps, base):
         ops = self.programs[rank].ops
         env = self.env
         st, en = self.start[rank], self.end[rank]
         pending = 0.0  # compute time advanced arithmetically, not yet waited for
         node = self.job.grid.node(rank)
+        slow = self.opt.straggler.get(rank, 1.0)
+        jitter = self.opt.jitter and self.cost.compute_cv > 0
+        overlap = self.cost.overlap_slowdown
+        core_share = self.core_share
         for i in indices:
             op = ops[i]
-            waits = [evs[d] for d in op.deps if d in evs and not evs[d].triggered]
-            if waits:
-                if pending:
-                    yield env.timeout(pending)
-                    pending = 0.0
-                yield waits[0] if len(waits) == 1 else env.all_of(waits)
-                self.events += 1
+            self.ops_done += 1
+            if not self.ops_done & 16383 and self.on_progress:
+                self.on_progress(self.ops_done)
+            deps = ext_deps[i]
+            if deps:
+                waits = [ev for ev in (self._event_of(rank, ops[d], evs, d) for d in deps)
+                         if not ev.triggered]
+                if waits:
+                    if pending:
+                        yield env.timeout(pending)
+                        pending = 0.0
+                    yield waits[0] if len(waits) == 1 else env.all_of(waits)
+                    self.events += 1
             if op.is_compute:
-                dur = self._compute_dur(rank, op)
-                if self.core_share:
+                dur = base[i] * slow
+                if jitter:
+                    dur *= self._noise(self.cost.compute_cv)
+                if overlap and self._inflight_comm[rank]:
+                    dur *= 1 + overlap
+                if core_share:
                     if pending:
                         yield env.timeout(pending)
                         pending = 0.0
@@ -237,46 +257,63 @@ class Simulation:
                     st[i] = env.now + pending
                     pending += dur
                     en[i] = env.now + pending
-                    if i in external or self.cost.overlap_slowdown:
+                    if i in external or overlap:
                         yield env.timeout(pending)
                         pending = 0.0
                         self.events += 1
+                if i in external:
+                    evs[i].succeed()
             else:  # a collective on a comm stream
                 if pending:
                     yield env.timeout(pending)
                     pending = 0.0
                 st[i] = env.now
                 self._inflight_comm[rank] += 1
-                yield from self._collective(rank, op)
+                yield self._arrive(rank, op, evs, i)
                 self._inflight_comm[rank] -= 1
                 en[i] = env.now
-            if i in external:
-                evs[i].succeed()
         if pending:
             yield env.timeout(pending)
+
+    def _structure(self, rank: int, prog: Program):
+        """Streams, external deps and base compute times of a program; shared by every rank
+        of a pipeline stage (their programs differ only in global ranks)."""
+        key = ("template", prog.template) if prog.template is not None else ("rank", rank)
+        cached = self._structures.get(key)
+        if cached is not None:
+            return cached
+        ops = prog.ops
+        streams: dict[str, list[int]] = {}
+        external: set[int] = set()
+        for i, op in enumerate(ops):
+            if op.stream == "mem":
+                continue  # timed after the run from its dependencies
+            streams.setdefault(op.stream, []).append(i)
+            for d in op.deps:
+                if ops[d].stream != op.stream or op.stream == "p2p":
+                    external.add(d)
+        ext_deps = [tuple(d for d in op.deps if d in external) for op in ops]
+        gpu = self.job.cluster.gpu
+        base = [self.cost.compute_time(op, gpu) if op.is_compute else 0.0 for op in ops]
+        out = (streams, external, ext_deps, base)
+        self._structures[key] = out
+        return out
 
     def run(self) -> float:
         """Simulate; returns the step time in seconds."""
         for rank, prog in self.programs.items():
+            streams, external, ext_deps, base = self._structure(rank, prog)
             ops = prog.ops
-            streams: dict[str, list[int]] = {}
-            external: set[int] = set()
-            for i, op in enumerate(ops):
-                if op.stream == "mem":
-                    continue  # timed after the run from its dependencies
-                streams.setdefault(op.stream, []).append(i)
-                for d in op.deps:
-                    if ops[d].stream != op.stream or op.stream == "p2p":
-                        external.add(d)
-            evs = {i: self.env.event() for i in external}
+            evs = {i: self.env.event() for i in external if not ops[i].is_collective}
             for s, idx in streams.items():
                 if s == "p2p":
                     for i in idx:
                         self.env.process(self._p2p(rank, i, ops[i], evs, external))
                 else:
-                    self.env.process(self._stream(rank, idx, evs, external))
+                    self.env.process(self._stream(rank, idx, evs, external, ext_deps, base))
         self.env.run()
-        stuck = [k for k in self._rv] + [k for k in self._pairs]
+        stuck = [k for k, rv in self._rv.items() if rv["left"] > 0]
+        stuck += list(self._pairs)
         if stuck:
             raise RuntimeError(f"simulation ended with {len(stuck)} collectives or p2p waiting "
                                f"(first: {stuck[0]}): the schedule deadlocks")

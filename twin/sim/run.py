@@ -26,7 +26,7 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
              steps: int = 1, progress=None) -> SimResult:
     """Simulate ``steps`` steps of ``job`` (independent draws when jitter is on).
 
-    ``progress(done, total)`` is called after each step. The trace holds every simulated
+    ``progress(done, total, what)`` reports building and simulating. The trace holds every simulated
     rank unless that would exceed MAX_TRACE_SPANS spans, in which case it holds the
     first simulated rank of each pipeline stage (the summary still covers all ranks'
     step time)."""
@@ -35,8 +35,13 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
     options = options or SimOptions()
     classes = fold_classes(job, options.fold)
     schedule = build_schedule(job)
-    programs = {r: schedule.program(r) for r in sorted(classes)}
+    programs = {}
+    for k, r in enumerate(sorted(classes)):
+        programs[r] = schedule.program(r)
+        if progress and not k % 64:
+            progress(k + 1, len(classes), "building programs")
     n_ops = sum(len(p.ops) for p in programs.values())
+    mem_ops = sum(1 for p in programs.values() for op in p.ops if op.stream == "mem")
     record = sorted(programs)
     if n_ops * steps > MAX_TRACE_SPANS:
         stage_first: dict[int, int] = {}
@@ -49,6 +54,10 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
     for k in range(steps):
         opts = SimOptions(**{**options.__dict__, "seed": options.seed + k})
         sim = Simulation(job, programs, cost, opts, classes)
+        if progress:
+            timed = n_ops - mem_ops
+            sim.on_progress = lambda done, k=k: progress(k * timed + done, steps * timed,
+                                                         f"simulating step {k + 1}/{steps}")
         step = sim.run()
         step_times.append(step)
         events += sim.events + sim.fabric.flows_done
@@ -60,8 +69,6 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
                                   op.group_name if (op.is_collective or op.is_p2p) else "",
                                   op.bytes, op.flops, op.category, op.peer, op.tag))
         offset += step
-        if progress:
-            progress(k + 1, steps)
     wall = time.perf_counter() - t0
     trace = Trace(spans, meta={
         "source": "twin", "world_size": job.grid.world_size,

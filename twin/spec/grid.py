@@ -48,7 +48,7 @@ class RankGrid:
             acc *= size
         return stride
 
-    @property
+    @cached_property
     def world_size(self) -> int:
         """Product of the axis sizes."""
         n = 1
