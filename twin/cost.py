@@ -114,7 +114,7 @@ class CostModel:
         return path
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "profile") -> "CostModel":
+    def from_dict(cls, data: dict, where: str = "profile") -> CostModel:
         if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
             raise ValueError(f"{where} is not a paratwin calibration profile (no 'format: "
                              f"{PROFILE_FORMAT}'); write one with `paratwin calibrate`")
@@ -137,7 +137,7 @@ class CostModel:
         return cls(**kw)
 
     @classmethod
-    def load(cls, path: str | Path) -> "CostModel":
+    def load(cls, path: str | Path) -> CostModel:
         path = Path(path)
         try:
             data = yaml.safe_load(path.read_text())

@@ -88,7 +88,7 @@ class Trace:
         return path
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "data") -> "Trace":
+    def from_dict(cls, data: dict, where: str = "data") -> Trace:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"{where} is not a paratwin trace (no 'format: {FORMAT}'); "
                              "give the trace.json written by simulate or execute")
@@ -106,7 +106,7 @@ class Trace:
         return cls(spans=rows, meta=data.get("meta", {}))
 
     @classmethod
-    def load(cls, path: str | Path) -> "Trace":
+    def load(cls, path: str | Path) -> Trace:
         """Read a trace file; anything else gets an error naming the file and the fix."""
         path = Path(path)
         try:
@@ -121,19 +121,32 @@ class Trace:
         return cls.from_dict(data, str(path))
 
 
+def _inside(start_us: float, end_us: float, at_end: bool) -> float:
+    """A time strictly inside [start, end] near one end: a flow event exactly on a slice's
+    edge may bind to no slice (or the neighbour) in Perfetto and chrome://tracing."""
+    d = max(end_us - start_us, 0.0)
+    eps = min(d / 2, 0.001)
+    return end_us - eps if at_end else start_us + eps
+
+
 def chrome_trace(trace: Trace, gpus_per_node: int | None = None) -> dict:
     """Chrome/Perfetto trace events: pid per node, tid per (rank, stream), times in us,
-    flow arrows from each send to its recv."""
+    flow arrows from each send to its recv. Lanes sort by rank, then compute, comm, p2p, mem."""
     gpn = gpus_per_node or trace.meta.get("gpus_per_node") or 8
+    order = {"compute": 0, "p2p": 2, "mem": 3}
+    keys = sorted({(s.rank, s.stream) for s in trace.spans},
+                  key=lambda k: (k[0], order.get(k[1], 1), k[1]))
     streams: dict[tuple[int, str], int] = {}
     events: list[dict] = []
+    for key in keys:
+        streams[key] = len(streams) + 1
+        pid, tid = key[0] // gpn, streams[key]
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                       "args": {"name": f"rank {key[0]} {key[1]}"}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                       "args": {"sort_index": tid}})
     for s in trace.spans:
-        key = (s.rank, s.stream)
-        if key not in streams:
-            streams[key] = len(streams) + 1
-            events.append({"ph": "M", "name": "thread_name", "pid": s.rank // gpn,
-                           "tid": streams[key], "args": {"name": f"rank {s.rank} {s.stream}"}})
-        pid, tid = s.rank // gpn, streams[key]
+        pid, tid = s.rank // gpn, streams[(s.rank, s.stream)]
         args = {"op": s.op, "step": s.step, "bytes": s.bytes, "flops": s.flops}
         if s.kind in ("alloc", "free"):
             events.append({"ph": "i", "s": "t", "name": f"{s.kind} {s.category}", "pid": pid,
@@ -144,6 +157,7 @@ def chrome_trace(trace: Trace, gpus_per_node: int | None = None) -> dict:
     nodes = sorted({s.rank // gpn for s in trace.spans})
     for n in nodes:
         events.append({"ph": "M", "name": "process_name", "pid": n, "args": {"name": f"node {n}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": n, "args": {"sort_index": n}})
     sends = {(s.step, s.rank, s.peer, s.tag): s for s in trace.spans if s.kind == "send"}
     for flow, s in enumerate((r for r in trace.spans if r.kind == "recv"), start=1):
         src = sends.get((s.step, s.peer, s.rank, s.tag))
@@ -151,7 +165,8 @@ def chrome_trace(trace: Trace, gpus_per_node: int | None = None) -> dict:
             continue
         events.append({"ph": "s", "id": flow, "name": "p2p", "cat": "p2p",
                        "pid": src.rank // gpn, "tid": streams[(src.rank, src.stream)],
-                       "ts": src.start_us})
+                       "ts": _inside(src.start_us, src.end_us, at_end=False)})
         events.append({"ph": "f", "bp": "e", "id": flow, "name": "p2p", "cat": "p2p",
-                       "pid": s.rank // gpn, "tid": streams[(s.rank, s.stream)], "ts": s.end_us})
+                       "pid": s.rank // gpn, "tid": streams[(s.rank, s.stream)],
+                       "ts": _inside(s.start_us, s.end_us, at_end=True)})
     return {"traceEvents": events, "displayTimeUnit": "ms"}

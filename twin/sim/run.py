@@ -56,7 +56,7 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
         sim = Simulation(job, programs, cost, opts, classes)
         if progress:
             timed = n_ops - mem_ops
-            sim.on_progress = lambda done, k=k: progress(k * timed + done, steps * timed,
+            sim.on_progress = lambda done, k=k, timed=timed: progress(k * timed + done, steps * timed,
                                                          f"simulating step {k + 1}/{steps}")
         step = sim.run()
         step_times.append(step)
