@@ -55,7 +55,8 @@ class CostModel:
     """Everything the twin needs to turn an op into time."""
 
     name: str = "defaults"
-    gemm: KernelCost = KernelCost(efficiency=0.75, half_flops=2e9, launch_us=5.0)
+    gemm: KernelCost = KernelCost(efficiency=0.7, half_flops=2e9, launch_us=5.0)
+    """cuBLAS reaches about 70% of dense bf16 peak on transformer-sized GEMMs (A100, H100)."""
     attention: KernelCost = KernelCost(efficiency=0.55, half_flops=2e9, launch_us=8.0)
     elementwise: KernelCost = KernelCost(efficiency=0.5, mem_efficiency=0.8, launch_us=4.0)
     optimizer: KernelCost = KernelCost(efficiency=0.5, mem_efficiency=0.7, launch_us=20.0)

@@ -90,14 +90,15 @@ class ProgramBuilder:
                   eager: bool = False) -> int:
         """Causal attention core: 4*b*heads*s^2*d FLOPs forward (MFU convention, full square).
 
-        Bytes: Q, K, V read and O written; eager attention also writes and reads the
-        b*heads*s^2 scores. ``shape[5]`` (causal) is 1 when the kernel skips the masked
+        Bytes: Q, K, V read and O written; eager attention also makes about six passes over
+        the b*heads*s^2 scores (QK^T written; scale, mask and softmax read and write them;
+        dropout reads them and writes its output; AV reads it), in 16-bit. ``shape[5]`` (causal) is 1 when the kernel skips the masked
         half (flash attention) and 0 when it computes the full square and masks (eager).
         """
         flops = 4.0 * batch * heads * seq * seq * head_dim * flops_scale
         nbytes = self.e * batch * seq * head_dim * (2 * heads + 2 * kv_heads) * flops_scale
         if eager:
-            nbytes += 2 * self.e * batch * heads * seq * seq * flops_scale
+            nbytes += 6 * self.e * batch * heads * seq * seq * flops_scale
         return self.emit(ctx, local, "attention", "compute", deps,
                          shape=(batch, heads, kv_heads, seq, head_dim, 0 if eager else 1),
                          dtype=self.dtype,
