@@ -147,12 +147,14 @@ def _fill(buf: torch.Tensor, op: Op, rank: int, chunks: int = 1) -> None:
         part.fill_(sent_value(op, rank, c))
 
 
-def issue(pg, op: Op, rank: int, pool: BufferPool, verify: bool = False) -> Issued:
+def issue(pg, op: Op, rank: int, pool: BufferPool, verify: bool = False,
+          pair: bool = True) -> Issued:
     """Start ``op`` asynchronously on backend ``pg`` (a gloo or NCCL ``Backend``).
 
-    ``pg`` spans ``op.group`` for collectives (group ranks are indices into op.group) and
-    every rank for send/recv (the peer is a global rank). With ``verify`` the inputs hold
-    ``sent_value`` and the outputs -1 until the op writes them.
+    ``pg`` spans ``op.group`` for collectives (group ranks are indices into op.group); for
+    send/recv it spans the two ranks in rank order (``pair``, groups.py) or, with
+    ``pair=False``, every rank (the peer is then a global rank). With ``verify`` the
+    inputs hold ``sent_value`` and the outputs -1 until the op writes them.
     """
     dtype = torch.float32 if verify else torch_dtype(op.dtype)
     e = dtype.itemsize
@@ -160,9 +162,10 @@ def issue(pg, op: Op, rank: int, pool: BufferPool, verify: bool = False) -> Issu
         buf = pool.take(_numel(op.bytes, e), dtype)
         if verify:
             buf.fill_(sent_value(op, rank) if op.kind == "send" else -1.0)
+        peer = sorted((rank, op.peer)).index(op.peer) if pair else op.peer
         if op.kind == "send":
-            return Issued(pg.send([buf], op.peer, p2p_tag(op.tag)), (buf,), None)
-        return Issued(pg.recv([buf], op.peer, p2p_tag(op.tag)), (buf,), buf)
+            return Issued(pg.send([buf], peer, p2p_tag(op.tag)), (buf,), None)
+        return Issued(pg.recv([buf], peer, p2p_tag(op.tag)), (buf,), buf)
     group, kind = op.group, op.kind
     n, g = len(group), group.index(rank)
     root = group.index(op.root) if op.root >= 0 else 0

@@ -1,4 +1,4 @@
-"""Process groups of a schedule: one communicator per (stream, group) of its collectives, one for p2p.
+"""Process groups of a schedule: a communicator per (stream, group) of its collectives and per p2p direction.
 
 The groups come from the schedule's ops (whose ``group`` the planner took from
 ``RankGrid``, the one place groups are computed); nothing here recomputes them.
@@ -12,6 +12,11 @@ run two ops of a stream at once), built directly over a prefix of the store, so 
 members take part; every rank builds its groups in one global sorted order, which cannot
 deadlock. On GPU ``dist.new_group`` is called by every rank for every group, in the same
 order, as torch requires for NCCL.
+
+Sends and receives get a communicator per direction (sender, receiver): NCCL runs the p2p
+ops of one communicator in order on one stream, so with one communicator per pair a
+pipeline stage's send would wait behind its own pending recv while the neighbour's does
+the same (1F1B's steady state); one per direction keeps the IR's unordered p2p.
 """
 
 from __future__ import annotations
@@ -34,8 +39,16 @@ def comm_keys(programs: dict[int, Program]) -> list[Key]:
                    if op.is_collective})
 
 
-def has_p2p(programs: dict[int, Program]) -> bool:
-    return any(op.is_p2p for p in programs.values() for op in p.ops)
+def p2p_pairs(programs: dict[int, Program]) -> list[tuple[int, int]]:
+    """Sorted (sender, receiver) of every send and recv in ``programs``."""
+    pairs = set()
+    for r, p in programs.items():
+        for op in p.ops:
+            if op.kind == "send":
+                pairs.add((r, op.peer))
+            elif op.kind == "recv":
+                pairs.add((op.peer, r))
+    return sorted(pairs)
 
 
 def gloo_device(loopback: bool):
@@ -52,19 +65,23 @@ def gloo_device(loopback: bool):
 
 @dataclass
 class Comms:
-    """The communicators one rank takes part in: ``collective[key]`` and ``p2p``."""
+    """The communicators one rank takes part in: ``collective[(stream, group)]`` and
+    ``p2p[(sender, receiver)]`` (two members, in rank order)."""
 
     rank: int
     collective: dict[Key, object] = field(default_factory=dict)
-    p2p: object | None = None
+    p2p: dict[tuple[int, int], object] = field(default_factory=dict)
     backend: str = "gloo"
 
     def for_op(self, op) -> object:
         """The backend an op runs on (KeyError names the op if its group was not built)."""
         if op.is_p2p:
-            if self.p2p is None:
-                raise KeyError(f"{op.name}: no p2p communicator was built")
-            return self.p2p
+            pair = (self.rank, op.peer) if op.kind == "send" else (op.peer, self.rank)
+            try:
+                return self.p2p[pair]
+            except KeyError:
+                raise KeyError(f"rank {self.rank}: {op.name} needs a p2p communicator "
+                               f"{pair[0]}->{pair[1]}, which was not built") from None
         key = (op.stream, tuple(op.group))
         try:
             return self.collective[key]
@@ -88,25 +105,19 @@ def build_comms(programs: dict[int, Program], rank: int, world_size: int, store,
     """Build this rank's communicators; every rank must call this with the same programs."""
     timeout = datetime.timedelta(seconds=timeout_s)
     comms = Comms(rank=rank, backend=backend)
-    keys = comm_keys(programs)
-    world = tuple(range(world_size))
-    p2p = has_p2p(programs) and world_size > 1
-    if backend == "gloo":
-        for stream, group in keys:
-            if rank in group:
-                name = f"{stream}/{'-'.join(map(str, group))}"
-                comms.collective[(stream, group)] = _gloo(store, name, group, rank, timeout,
-                                                          loopback)
-        if p2p:
-            comms.p2p = _gloo(store, "p2p", world, rank, timeout, loopback)
-        return comms
-    if backend != "nccl":
+    if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend {backend!r} is not gloo or nccl")
-    device = torch.device("cuda", torch.cuda.current_device())
-    for stream, group in keys:
-        pg = dist.new_group(list(group), timeout=timeout, backend="nccl")
-        if rank in group:
-            comms.collective[(stream, group)] = pg._get_backend(device)
-    if p2p:
-        comms.p2p = dist.new_group(list(world), timeout=timeout, backend="nccl")._get_backend(device)
+    wanted = [(f"{stream}/{'-'.join(map(str, group))}", group, ("c", (stream, group)))
+              for stream, group in comm_keys(programs)]
+    wanted += [(f"p2p/{a}->{b}", tuple(sorted((a, b))), ("p", (a, b)))
+               for a, b in p2p_pairs(programs)]
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+    for name, group, (which, key) in wanted:
+        if backend == "gloo":
+            pg = _gloo(store, name, group, rank, timeout, loopback) if rank in group else None
+        else:
+            new = dist.new_group(list(group), timeout=timeout, backend="nccl")
+            pg = new._get_backend(device) if rank in group else None
+        if pg is not None:
+            (comms.collective if which == "c" else comms.p2p)[key] = pg
     return comms

@@ -1,0 +1,96 @@
+"""Kernel sweep on one device: GEMM over shapes and dtypes, attention, elementwise, the optimizer step.
+
+Each benchmarked op is built by the twin's own ``ProgramBuilder`` (twin.schedule.emit),
+so its FLOPs and bytes are the formulas the twin's cost model reads (GEMM 2mnk FLOPs and
+e(mk + kn + mn) bytes; attention 4*b*h*s^2*d forward, 2.5x for the backward; ...), and is
+run by the same ``Kernels`` as the replay. Timing: ``perf_counter_ns`` around each call on
+CPU; CUDA events around each call on GPU (synchronized after each repeat).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+
+from executor.bench.report import KERNEL_COLUMNS, CsvWriter, spread
+from executor.kernels import Kernels
+from twin.schedule.emit import Ctx, ProgramBuilder
+from twin.schedule.ir import Op
+from twin.spec import ClusterSpec, GPUSpec, ModelSpec, ParallelPlan, build_job
+
+
+def _builder(dtype: str) -> ProgramBuilder:
+    model = ModelSpec(name="bench", num_layers=1, hidden_size=64, num_heads=1, num_kv_heads=1,
+                      ffn_hidden_size=64, vocab_size=64, seq_len=64, activation="gelu", dtype=dtype)
+    cluster = ClusterSpec(name="bench", num_nodes=1, gpus_per_node=1,
+                          gpu=GPUSpec(name="bench", peak_tflops={dtype: 1.0}))
+    return ProgramBuilder(build_job(model, cluster, ParallelPlan(dp=1)), 0)
+
+
+def kernel_ops(spec: dict) -> list[Op]:
+    """The ops of a sweep: ``spec`` has dtypes, gemm [[m, n, k]], attention [[b, h, kv, s, d]],
+    elementwise [elements], optimizer [params] (lists may be empty)."""
+    ops: list[Op] = []
+    for dtype in spec.get("dtypes", ["fp32"]):
+        b = _builder(dtype)
+        ctx = Ctx("bench")
+        for m, n, k in spec.get("gemm", []):
+            ops.append(b.ops[b.gemm(ctx, f"gemm.{m}x{n}x{k}", m, n, k, [])])
+        for batch, heads, kv, seq, d in spec.get("attention", []):
+            name = f"{batch}x{heads}x{kv}x{seq}x{d}"
+            ops.append(b.ops[b.attention(ctx, f"attn.{name}", batch, heads, kv, seq, d, [])])
+            ops.append(b.ops[b.attention(ctx.at(phase="bwd"), f"attn.bwd.{name}", batch, heads,
+                                         kv, seq, d, [], flops_scale=2.5)])
+        for elements in spec.get("elementwise", []):
+            ops.append(b.ops[b.elementwise(ctx, f"add.{elements}", elements, [], tensors=3)])
+    for params in spec.get("optimizer", []):
+        b = _builder("fp32")
+        ops.append(b.ops[b.optimizer(Ctx("bench"), f"adam.{params}", params, [])])
+    return ops
+
+
+def time_op(kernels: Kernels, op: Op, repeats: int, warmup: int) -> list[float]:
+    """Seconds per call of ``op``, ``repeats`` times after ``warmup`` untimed calls."""
+    cuda = kernels.device.type == "cuda"
+    for _ in range(warmup):
+        kernels.run(op)
+    if cuda:
+        torch.cuda.synchronize(kernels.device)
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            kernels.run(op)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter_ns()
+            kernels.run(op)
+            times.append((time.perf_counter_ns() - t0) / 1e9)
+    return times
+
+
+def run_kernel_sweep(ops: Iterable[Op], device: torch.device, csv_path, repeats: int,
+                     warmup: int, log=print) -> list[dict]:
+    """Time every op; write one CSV row per op (flushed as it goes); return the rows."""
+    writer = CsvWriter(csv_path, KERNEL_COLUMNS)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    rows = []
+    for op in ops:
+        kernels = Kernels(device)  # fresh inputs per op: memory stays one op's worth
+        stats = spread(time_op(kernels, op, repeats, warmup))
+        t = stats["time_s_median"]
+        row = {"kind": op.kind + (".bwd" if op.phase == "bwd" else ""), "dtype": op.dtype,
+               "shape": "x".join(str(int(x)) for x in op.shape), "flops": op.flops,
+               "bytes": op.bytes, **stats, "tflops": op.flops / t / 1e12 if t else 0.0,
+               "GBps": op.bytes / t / 1e9 if t else 0.0, "device": name}
+        writer.row(row)
+        rows.append(row)
+        log(f"{row['kind']:<15} {row['dtype']:<5} {row['shape']:<22} {t * 1e6:>10.1f} us "
+            f"{row['tflops']:>9.4f} TFLOP/s {row['GBps']:>9.2f} GB/s")
+        del kernels
+    return rows
