@@ -117,7 +117,12 @@ def main(argv: list[str] | None = None) -> None:
     module = importlib.import_module(VERBS[verb][0])
     app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=verb)(
         guarded(verb, module.run))
-    sys.argv = [f"paratwin {verb}", *argv[1:]]
+    args = argv[1:]
+    if verb == "report":  # Hydra takes no positional arguments: DIR ... becomes runs=[...]
+        from twin.cli.report import positional_runs
+
+        args = positional_runs(args)
+    sys.argv = [f"paratwin {verb}", *args]
     app()
 
 

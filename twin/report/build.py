@@ -1,0 +1,198 @@
+"""The report of some run directories: which sections their contents call for, and the file.
+
+summary (any summary) -> timeline and memory (each run with a trace, up to max_timelines)
+-> twin vs real (runs of the same schedule, joined by (rank, step, op)) -> sweep (runs of
+different plans or GPU counts) -> calibration (directories with benchmark CSVs).
+"""
+
+from __future__ import annotations
+
+import html as _html
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from twin.report import calibration, memory, overlay, summary, sweep, timeline
+from twin.report import rundir as rd
+from twin.report.chrome import chrome_path, write_chrome
+from twin.report.html import Section, write
+from twin.report.style import duration
+
+
+@dataclass
+class Options:
+    """What the report draws and writes (conf/report.yaml mirrors these)."""
+
+    max_spans: int = timeline.MAX_SPANS
+    """Spans drawn per timeline; beyond it only the first steps are drawn."""
+    max_timelines: int = 4
+    """Runs that get their own timeline and memory figures."""
+    chrome: bool = True
+    """Write each traced run's Chrome/Perfetto export (trace.json) into its directory."""
+    title: str | None = None
+    png: bool = False
+    """Also write one PNG per figure (kaleido + the system's chromium) into REPORT-png/."""
+
+
+@dataclass
+class Written:
+    """What a report run wrote."""
+
+    report: Path
+    chrome: list[Path] = field(default_factory=list)
+    png: list[Path] = field(default_factory=list)
+
+
+def _name(run: rd.Run) -> str:
+    return f"{run.name} ({run.source})"
+
+
+def overlay_pairs(runs: list[rd.Run]) -> list[tuple[rd.Run, rd.Run]]:
+    """(reference, other) for runs with traces of the same schedule; the reference is the
+    first twin run of its group (else the first run)."""
+    groups: dict[str, list[rd.Run]] = {}
+    for r in runs:
+        if r.trace is not None and r.job_key() is not None:
+            groups.setdefault(r.job_key(), []).append(r)
+    pairs = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        ref = next((m for m in members if m.source == "twin"), members[0])
+        pairs += [(ref, m) for m in members if m is not ref]
+    return pairs
+
+
+def trace_sections(runs: list[rd.Run], opts: Options) -> list[Section]:
+    out = []
+    traced = [r for r in runs if r.trace is not None]
+    for r in traced[:opts.max_timelines]:
+        s = r.summary or {}
+        head = f"{summary.run_label(r)}" + (f": step {duration(s['step_time_s'])}"
+                                             if "step_time_s" in s else "")
+        fig, note = timeline.timeline(r.trace, head, max_spans=opts.max_spans)
+        lanes_note = ("One lane per rank and stream; grey is compute idle (pipeline bubbles, "
+                      "waits for communication). Drag to zoom, double-click to reset, click a "
+                      "legend entry to hide it. ")
+        out.append(Section(f"timeline-{len(out)}", f"timeline: {r.name}",
+                           _html.escape(lanes_note + note), [fig]))
+        mfig, mnote = memory.memory_figure(r.trace, r.hbm_bytes, f"memory over time: {r.name}")
+        out.append(Section(f"memory-{len(out)}", f"memory: {r.name}", _html.escape(
+            "Live bytes per category, stacked; dashed red: device memory. " + mnote),
+            [mfig] if mfig else []))
+    if len(traced) > opts.max_timelines:
+        out[-1].note += _html.escape(f" ({len(traced) - opts.max_timelines} more traced runs have "
+                                     "no timeline here: raise max_timelines to draw them)")
+    return out
+
+
+def overlay_sections(runs: list[rd.Run], opts: Options) -> list[Section]:
+    out = []
+    for ref, other in overlay_pairs(runs):
+        names = (_name(ref), _name(other)) if ref.source == other.source else (ref.source, other.source)
+        j = overlay.join(ref.trace, other.trace)
+        res = overlay.residuals(j)
+        fig, note = overlay.side_by_side(j, names, opts.max_spans)
+        text = _html.escape(f"{ref.name} against {other.name}. {overlay.match_text(j, names)} {note}")
+        figs = [fig]
+        if res:
+            figs += [overlay.residual_figure(res, names), overlay.scatter_figure(res, names)]
+        out.append(Section(f"overlay-{len(out)}", f"{names[0]} vs {names[1]}", text, figs,
+                           html=overlay.residual_table(res, names) if res else ""))
+    return out
+
+
+def sweep_sections(runs: list[rd.Run]) -> list[Section]:
+    with_summary = [r for r in runs if r.summary]
+    keys = {r.job_key() or r.name for r in with_summary}
+    if len(with_summary) < 2 or len(keys) < 2:
+        return []
+    figs = sweep.scaling_figures(with_summary) if sweep.has_scaling(with_summary) else []
+    figs += sweep.plan_figures(with_summary)
+    note = ("Throughput and scaling efficiency against GPU count (dotted: linear), then memory and "
+            "throughput per GPU for each run's plan.")
+    return [Section("sweep", "sweep", _html.escape(note), figs)]
+
+
+def calibration_sections(runs: list[rd.Run]) -> list[Section]:
+    out = []
+    for r in runs:
+        if r.bench_csvs:
+            figs, note = calibration.calibration_figures(r)
+            out.append(Section(f"calibration-{len(out)}", f"calibration: {r.name}", _html.escape(
+                f"{len(r.bench_csvs)} benchmark table(s): "
+                f"{', '.join(p.name for p in r.bench_csvs)}; {note}"), figs))
+    return out
+
+
+def sections(runs: list[rd.Run], opts: Options) -> list[Section]:
+    """Every section the runs' contents call for, in reading order."""
+    out: list[Section] = []
+    if any(r.summary for r in runs):
+        fig = summary.breakdown_figure(runs)
+        out.append(Section("summary", "summary", "The numbers to quote (median step).",
+                           [fig] if fig else [], html=summary.summary_table(runs)))
+    out += trace_sections(runs, opts)
+    out += overlay_sections(runs, opts)
+    out += sweep_sections(runs)
+    out += calibration_sections(runs)
+    return out
+
+
+def output_path(paths: list[Path], out: str | Path | None) -> Path:
+    """report.html in the first run directory, in ``out`` if it is a directory, or ``out``."""
+    if out is None:
+        return paths[0] / "report.html"
+    out = Path(out)
+    if out.is_dir() or not out.suffix:
+        return out / "report.html"
+    return out
+
+
+def export_chrome(runs: list[rd.Run], report: Path) -> list[Path]:
+    """Each traced run's Chrome export into its directory (beside the report if read-only)."""
+    written = []
+    for r in runs:
+        if r.trace is None:
+            continue
+        gpn = r.job.cluster.gpus_per_node if r.job is not None else None
+        target = chrome_path(r.path)
+        try:
+            written.append(write_chrome(r.trace, target, gpn))
+        except OSError:
+            written.append(write_chrome(r.trace, report.parent / f"{r.name}.trace.json", gpn))
+    return written
+
+
+def build(run_dirs: list[str | Path], out: str | Path | None = None,
+          options: Options | None = None) -> Written:
+    """Write the report of ``run_dirs`` and, as the options say, Chrome exports and PNGs."""
+    opts = options or Options()
+    paths = rd.expand(list(run_dirs))
+    runs = [rd.load(p) for p in paths]
+    target = output_path(paths, out)
+    secs = sections(runs, opts)
+    if len(runs) == 1:
+        title = opts.title or f"paratwin report: {summary.run_label(runs[0])}"
+    else:
+        title = opts.title or f"paratwin report: {len(runs)} runs"
+    sub = "<br>".join(_html.escape(summary.run_label(r)) + (
+        f" &middot; {len(r.trace.spans):,} spans" if r.trace else "") for r in runs)
+    done = Written(write(target, title, sub, secs))
+    if opts.chrome:
+        try:
+            done.chrome = export_chrome(runs, target)
+        except (OSError, ValueError) as err:
+            print(f"paratwin report: warning: Chrome export not written ({err})", file=sys.stderr)
+    if opts.png:
+        from twin.report.png import export_png
+
+        done.png = export_png(secs, target.parent / f"{target.stem}-png")
+    return done
+
+
+def write_report(run_dirs: list[str | Path], out: str | Path | None = None,
+                 options: Options | None = None) -> Path:
+    """Write one self-contained HTML report of ``run_dirs`` (and each traced run's Chrome
+    export, trace.json, into its directory); returns the report's path."""
+    return build(run_dirs, out, options).report

@@ -1,0 +1,202 @@
+"""Calibration: benchmark points (``paratwin bench`` CSVs) against the cost model, log-log.
+
+Collectives: measured median time per message size (p10-p90 as error bars), one colour per
+group size, against the twin's own prediction: the collective simulated alone on the
+cluster (same algorithms, links and latencies as a full simulation). Kernels: measured
+time per FLOP (bytes for memory-bound kinds) against ``CostModel.compute_time`` of an op
+with the measured kind, shape, dtype, FLOPs and bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from twin.cost import CostModel, default_cost_model
+from twin.report.rundir import Run, csv_kind
+from twin.schedule.ir import Op, Program
+from twin.sim.engine import SimOptions, Simulation
+from twin.spec import ClusterSpec, ModelSpec, ParallelPlan, build_job
+
+SIZE_COLORS = ("#3366CC", "#DC3912", "#FF9900", "#109618", "#990099", "#0099C6", "#DD4477")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a benchmark CSV; numeric columns become floats, unknown columns are kept."""
+    out = []
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            clean = {}
+            for k, v in row.items():
+                if k is None:
+                    continue
+                k = k.strip()
+                try:
+                    clean[k] = float(v)
+                except (TypeError, ValueError):
+                    clean[k] = (v or "").strip()
+            if isinstance(clean.get("time_s_median"), float) and clean["time_s_median"] > 0:
+                out.append(clean)
+    return out
+
+
+def load_profile(run: Run) -> tuple[CostModel | None, str]:
+    """The run's profile YAML, else the cluster's published defaults, else none."""
+    if run.profile_path is not None:
+        cost = CostModel.load(run.profile_path)
+        return cost, f"profile {run.profile_path.name} ({cost.name})"
+    if run.job is not None:
+        cost = default_cost_model(run.job.cluster)
+        return cost, f"default cost model of {run.job.cluster.name} (no profile YAML in the directory)"
+    return None, ""
+
+
+def collective_time(kind: str, n: int, nbytes: float, cluster: ClusterSpec, cost: CostModel) -> float:
+    """Seconds of one collective of ``nbytes`` over ranks 0..n-1 simulated alone by the twin."""
+    gpn = cluster.gpus_per_node
+    nodes = max(cluster.num_nodes if n > gpn else 1, math.ceil(n / gpn))
+    cl = dataclasses.replace(cluster, num_nodes=nodes)
+    dtype = next(iter(cluster.gpu.peak_tflops))
+    job = build_job(ModelSpec(dtype=dtype), cl, ParallelPlan())
+    members = tuple(range(n))
+    progs = {r: Program(r, [Op(name="bench", kind=kind, stream="comm", phase="opt", bytes=nbytes,
+                               group=members, group_name="bench", root=0)]) for r in members}
+    sim = Simulation(job, progs, cost, SimOptions(), {r: [r] for r in members})
+    return sim.run()
+
+
+def _shape(text) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", str(text)))
+
+
+def kernel_time(row: dict, cluster: ClusterSpec, cost: CostModel) -> float:
+    """``CostModel.compute_time`` of a synthetic op with the benchmark row's figures."""
+    op = Op(name="bench", kind=str(row["kind"]), stream="compute", shape=_shape(row.get("shape", "")),
+            dtype=str(row.get("dtype") or next(iter(cluster.gpu.peak_tflops))),
+            flops=float(row.get("flops") or 0.0), bytes=float(row.get("bytes") or 0.0))
+    return cost.compute_time(op, cluster.gpu)
+
+
+def _errors(rows: list[dict]) -> dict | None:
+    if not all(isinstance(r.get("time_s_p10"), float) and isinstance(r.get("time_s_p90"), float)
+               for r in rows):
+        return None
+    return {"type": "data", "symmetric": False,
+            "array": [(r["time_s_p90"] - r["time_s_median"]) * 1e6 for r in rows],
+            "arrayminus": [(r["time_s_median"] - r["time_s_p10"]) * 1e6 for r in rows],
+            "thickness": 1, "width": 2}
+
+
+def _grid(kinds: list[str]) -> tuple[int, int]:
+    cols = min(3, len(kinds))
+    return math.ceil(len(kinds) / cols), cols
+
+
+def collective_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel | None) \
+        -> go.Figure:
+    """One log-log panel per collective kind: measured points and the twin's line per group size."""
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_kind[str(r["kind"])].append(r)
+    kinds = sorted(by_kind)
+    nr, nc = _grid(kinds)
+    fig = make_subplots(rows=nr, cols=nc, subplot_titles=kinds, horizontal_spacing=0.07,
+                        vertical_spacing=0.12)
+    sizes = sorted({int(r["group_size"]) for r in rows})
+    for i, kind in enumerate(kinds):
+        row, col = i // nc + 1, i % nc + 1
+        for j, n in enumerate(sizes):
+            pts = sorted((r for r in by_kind[kind] if int(r["group_size"]) == n),
+                         key=lambda r: r["bytes"])
+            if not pts:
+                continue
+            c, name = SIZE_COLORS[j % len(SIZE_COLORS)], f"{n} ranks"
+            fig.add_trace(go.Scatter(
+                x=[p["bytes"] for p in pts], y=[p["time_s_median"] * 1e6 for p in pts],
+                error_y=_errors(pts), mode="markers", marker={"color": c, "size": 7},
+                name=f"{name} measured", legendgroup=name, showlegend=i == 0,
+                hovertemplate=f"{kind}, {name}<br>%{{x:.4s}}B: %{{y:,.1f}} us<extra>measured</extra>"),
+                row=row, col=col)
+            if cluster is None or cost is None or n < 2:
+                continue
+            lo, hi = pts[0]["bytes"], pts[-1]["bytes"]
+            xs = np.geomspace(max(lo, 1.0), max(hi, lo * 2, 2.0), 24)
+            ys = [collective_time(kind, n, x, cluster, cost) * 1e6 for x in xs]
+            fig.add_trace(go.Scatter(
+                x=xs, y=ys, mode="lines", line={"color": c, "width": 1.5}, name=f"{name} twin",
+                legendgroup=name, showlegend=i == 0,
+                hovertemplate=f"{kind}, {name}<br>%{{x:.4s}}B: %{{y:,.1f}} us<extra>twin</extra>"),
+                row=row, col=col)
+        fig.update_xaxes(type="log", title_text="message size (B)", row=row, col=col)
+        fig.update_yaxes(type="log", title_text="time (us)", row=row, col=col)
+    fig.update_layout(title={"text": "collectives: measured (points, p10-p90 bars) and the twin "
+                             "(lines)", "font": {"size": 14}}, height=int(120 + 330 * nr),
+                      margin={"l": 60, "r": 20, "t": 70, "b": 50}, plot_bgcolor="#fbfbfb")
+    return fig
+
+
+def kernel_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel | None) -> go.Figure:
+    """One log-log panel per kernel kind: time against FLOPs (bytes if the kind has none)."""
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_kind[str(r["kind"])].append(r)
+    kinds = sorted(by_kind)
+    nr, nc = _grid(kinds)
+    fig = make_subplots(rows=nr, cols=nc, subplot_titles=kinds, horizontal_spacing=0.07,
+                        vertical_spacing=0.12)
+    dtypes = sorted({str(r.get("dtype", "")) for r in rows})
+    for i, kind in enumerate(kinds):
+        row, col = i // nc + 1, i % nc + 1
+        use_flops = any(float(r.get("flops") or 0) > 0 for r in by_kind[kind])
+        axis = "flops" if use_flops else "bytes"
+        for j, dt in enumerate(dtypes):
+            pts = sorted((r for r in by_kind[kind] if str(r.get("dtype", "")) == dt),
+                         key=lambda r: float(r.get(axis) or 0))
+            pts = [p for p in pts if float(p.get(axis) or 0) > 0]
+            if not pts:
+                continue
+            c, name = SIZE_COLORS[j % len(SIZE_COLORS)], dt or "measured"
+            xs = [float(p[axis]) for p in pts]
+            fig.add_trace(go.Scatter(
+                x=xs, y=[p["time_s_median"] * 1e6 for p in pts], error_y=_errors(pts),
+                mode="markers", marker={"color": c, "size": 7}, name=f"{name} measured",
+                legendgroup=name, showlegend=i == 0, text=[str(p.get("shape", "")) for p in pts],
+                hovertemplate=f"{kind} {dt} %{{text}}<br>%{{x:.4s}}{'FLOP' if use_flops else 'B'}: "
+                              "%{y:,.1f} us<extra>measured</extra>"), row=row, col=col)
+            if cluster is None or cost is None:
+                continue
+            fig.add_trace(go.Scatter(
+                x=xs, y=[kernel_time(p, cluster, cost) * 1e6 for p in pts], mode="lines",
+                line={"color": c, "width": 1.5}, name=f"{name} model", legendgroup=name,
+                showlegend=i == 0, hovertemplate="%{y:,.1f} us<extra>model</extra>"), row=row, col=col)
+        fig.update_xaxes(type="log", title_text="FLOPs" if use_flops else "bytes moved", row=row, col=col)
+        fig.update_yaxes(type="log", title_text="time (us)", row=row, col=col)
+    fig.update_layout(title={"text": "kernels: measured (points) and the cost model (lines)",
+                             "font": {"size": 14}}, height=int(120 + 330 * nr),
+                      margin={"l": 60, "r": 20, "t": 70, "b": 50}, plot_bgcolor="#fbfbfb")
+    return fig
+
+
+def calibration_figures(run: Run) -> tuple[list[go.Figure], str]:
+    """The figures of one directory's benchmark CSVs, and a note on the model used."""
+    cost, where = load_profile(run)
+    cluster = run.job.cluster if run.job is not None else None
+    coll = [r for p in run.bench_csvs if csv_kind(p) == "collective" for r in read_rows(p)]
+    kern = [r for p in run.bench_csvs if csv_kind(p) == "kernel" for r in read_rows(p)]
+    figs = []
+    if coll:
+        figs.append(collective_figure(coll, cluster, cost))
+    if kern:
+        figs.append(kernel_figure(kern, cluster, cost))
+    note = f"model: {where}" if cluster is not None and cost is not None else \
+        ("no config.yaml with a cluster in the directory, so only the measured points are drawn "
+         "(write the bench's resolved config there to draw the model)")
+    return figs, note

@@ -1,0 +1,222 @@
+"""Run directories as the report reads them: summary, trace, config, benchmark CSVs, profile.
+
+A run directory (written by ``paratwin simulate``, ``execute`` or ``bench``) holds any of:
+``summary.json``; the paratwin trace (``spans.json``, else any ``*.json``/``*.json.gz`` whose
+content says ``format: paratwin-trace``); ``config.yaml`` (model, cluster, parallel, ...);
+benchmark CSVs; a calibration profile YAML. A directory with none of these but with run
+directories inside (a Hydra ``-m`` sweep) stands for those.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import gzip
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from twin.metrics import summarize
+from twin.spec import (
+    ClusterSpec,
+    GPUSpec,
+    InterNodeSpec,
+    IntraNodeSpec,
+    Job,
+    ModelSpec,
+    ParallelPlan,
+    build_job,
+)
+from twin.trace import FORMAT, Trace
+
+TRACE_NAMES = ("spans.json", "spans.json.gz")
+OUTPUTS = ("report.html", "trace.json", "chrome_trace.json")
+"""Files the report writes: never read back as inputs."""
+
+
+@dataclass
+class Run:
+    """What one run directory holds (any part may be missing)."""
+
+    path: Path
+    summary: dict | None = None
+    trace: Trace | None = None
+    trace_path: Path | None = None
+    config: dict | None = None
+    job: Job | None = None
+    bench_csvs: list[Path] = field(default_factory=list)
+    profile_path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name or str(self.path)
+
+    @property
+    def source(self) -> str:
+        """twin, executor, or what the files say."""
+        meta = self.trace.meta if self.trace else {}
+        return str(meta.get("source") or (self.summary or {}).get("source") or "run")
+
+    @property
+    def world_size(self) -> int | None:
+        if self.job is not None:
+            return self.job.grid.world_size
+        ws = (self.summary or {}).get("world_size")
+        return int(ws) if ws else None
+
+    @property
+    def hbm_bytes(self) -> float | None:
+        return self.job.cluster.hbm_bytes if self.job is not None else None
+
+    def job_key(self) -> str | None:
+        """Identity of the schedule (model, cluster, plan): runs with equal keys can overlay."""
+        if self.job is None:
+            return None
+        from twin.spec.io import job_to_dict
+
+        return json.dumps(job_to_dict(self.job), sort_keys=True, default=str)
+
+
+def is_trace_file(path: Path) -> bool:
+    """Cheap check of a JSON file's head for the trace format marker."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rt") as fh:
+                head = fh.read(4096)
+        else:
+            with path.open("r", encoding="utf-8", errors="replace") as fh:
+                head = fh.read(4096)
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return False
+    return bool(re.search(r'"format"\s*:\s*"' + FORMAT + '"', head))
+
+
+def find_trace(run_dir: Path) -> Path | None:
+    """spans.json, else the first JSON file in the directory that is a paratwin trace."""
+    for name in TRACE_NAMES:
+        if (run_dir / name).is_file():
+            return run_dir / name
+    for path in sorted([*run_dir.glob("*.json"), *run_dir.glob("*.json.gz")]):
+        if path.name not in ("summary.json", "report.html", "chrome_trace.json") and \
+                is_trace_file(path):
+            return path
+    return None
+
+
+def csv_kind(path: Path) -> str | None:
+    """'collective', 'kernel', or None for a CSV that is not a benchmark table."""
+    try:
+        with path.open(newline="") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, UnicodeDecodeError):
+        return None
+    cols = {c.strip() for c in header}
+    if not {"kind", "time_s_median"} <= cols:
+        return None
+    if "group_size" in cols and "bytes" in cols:
+        return "collective"
+    if "flops" in cols:
+        return "kernel"
+    return None
+
+
+def _find_profile(run_dir: Path) -> Path | None:
+    for path in sorted([*run_dir.glob("*.yaml"), *run_dir.glob("*.yml")]):
+        if path.name == "config.yaml":
+            continue
+        try:
+            head = path.read_text(errors="replace")[:2048]
+        except OSError:
+            continue
+        if re.search(r"^format:\s*paratwin-profile", head, re.M):
+            return path
+    return None
+
+
+def _build(cls, data: dict):
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def job_from_config(cfg: dict) -> Job | None:
+    """The job of a resolved config or a trace's ``meta.job``; None when it cannot be built
+    (the report then leaves out what needs it, rather than failing)."""
+    try:
+        c = dict(cfg["cluster"])
+        cluster = _build(ClusterSpec, {**c, "gpu": _build(GPUSpec, c["gpu"]),
+                                       "intra": _build(IntraNodeSpec, c["intra"]),
+                                       "inter": _build(InterNodeSpec, c["inter"])})
+        return build_job(_build(ModelSpec, cfg["model"]), cluster,
+                         _build(ParallelPlan, cfg["parallel"]))
+    except Exception:  # noqa: BLE001 - any malformed config: no job, the report degrades
+        return None
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "summary.json").is_file() or find_trace(path) is not None or \
+        any(csv_kind(p) for p in path.glob("*.csv"))
+
+
+def expand(paths: list[str | Path]) -> list[Path]:
+    """The run directories named by ``paths``: each itself, or, for a sweep directory that is
+    not a run directory, the run directories inside it (in numeric order: 0, 1, ..., 10)."""
+    out: list[Path] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"run directory {path} does not exist; give directories "
+                                    "written by `paratwin simulate`, `execute` or `bench`")
+        if path.is_file():
+            raise NotADirectoryError(f"{path} is a file; give the run directory that holds it "
+                                     f"({path.parent})")
+        if is_run_dir(path):
+            out.append(path)
+            continue
+        inner = sorted((p for p in path.iterdir() if p.is_dir() and is_run_dir(p)),
+                       key=lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)])
+        if not inner:
+            raise FileNotFoundError(
+                f"{path} holds no paratwin trace (spans.json), summary.json or benchmark CSV, "
+                "nor run directories inside; make one with `paratwin simulate out_dir=DIR` "
+                "(or execute / bench) and give that directory")
+        out.extend(inner)
+    return out
+
+
+def load(path: str | Path) -> Run:
+    """Read one run directory (see the module docstring)."""
+    path = Path(path)
+    run = Run(path=path)
+    if (path / "summary.json").is_file():
+        try:
+            run.summary = json.loads((path / "summary.json").read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path / 'summary.json'} is not valid JSON ({err}); rerun the "
+                             "command that wrote it") from None
+    run.trace_path = find_trace(path)
+    if run.trace_path is not None:
+        run.trace = Trace.load(run.trace_path)
+    if (path / "config.yaml").is_file():
+        try:
+            run.config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+        except yaml.YAMLError:
+            run.config = None
+    for cfg in ((run.trace.meta.get("job") if run.trace else None), run.config):
+        if isinstance(cfg, dict) and {"model", "cluster", "parallel"} <= set(cfg):
+            run.job = job_from_config(cfg)
+            if run.job is not None:
+                break
+    if run.summary is None and run.trace is not None and run.job is not None and \
+            any(s.kind not in ("alloc", "free") for s in run.trace.spans):
+        run.summary = summarize(run.trace, run.job)
+    run.bench_csvs = sorted(p for p in path.glob("*.csv") if csv_kind(p))
+    run.profile_path = _find_profile(path)
+    if run.summary is None and run.trace is None and not run.bench_csvs:
+        raise FileNotFoundError(
+            f"{path} holds no paratwin trace (spans.json), summary.json or benchmark CSV; "
+            "make one with `paratwin simulate out_dir=DIR` (or execute / bench)")
+    return run
+

@@ -1,0 +1,185 @@
+"""The timeline: one lane per rank and stream, bars coloured by phase or collective, idle shaded.
+
+Bars are ``go.Bar(base=start, x=duration)`` on a linear microsecond axis (``px.timeline``
+would force dates). Past ``GL_SPANS`` spans each category becomes WebGL line segments
+(start, end, gap) plus an invisible marker per span that carries the hover, so a
+200,000-span trace stays responsive. Past ``max_spans`` only the first steps are drawn.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+
+from twin.metrics import COMPUTE, MEMORY
+from twin.report import style
+from twin.trace import Span, Trace
+
+GL_SPANS = 4000
+"""More timed spans than this: WebGL segments instead of SVG bars."""
+MAX_SPANS = 400_000
+"""More than this: draw the first steps only (the note says which)."""
+HOVER = ("<b>%{text}</b><br>rank %{customdata[0]:d} · step %{customdata[1]:d} · layer "
+         "%{customdata[2]:d} · micro-batch %{customdata[3]:d}<br>bytes %{customdata[4]:.4s}B · "
+         "FLOPs %{customdata[5]:.4s}<br>start %{customdata[6]:,.1f} us · duration "
+         "%{customdata[7]:,.2f} us<extra>%{fullData.name}</extra>")
+
+
+@dataclass
+class Lanes:
+    """Lane index of each (rank, stream, source) and the axis labels."""
+
+    index: dict[tuple, int]
+    labels: list[str]
+
+    @classmethod
+    def of(cls, sources: list[tuple[str, list[Span]]]) -> Lanes:
+        keys = {(s.rank, s.stream, i) for i, (_, spans) in enumerate(sources) for s in spans}
+        order = sorted(keys, key=lambda k: (k[0], style.stream_key(k[1]), k[2]))
+        labels = [f"r{r} {st}" + (f" · {sources[i][0]}" if sources[i][0] else "")
+                  for r, st, i in order]
+        return cls({k: n for n, k in enumerate(order)}, labels)
+
+
+def timed(spans: list[Span]) -> list[Span]:
+    return [s for s in spans if s.kind not in MEMORY]
+
+
+def limit_steps(trace: Trace, max_spans: int = MAX_SPANS) -> tuple[list[Span], str]:
+    """The timed spans of as many whole steps as fit in ``max_spans``, and a note if cut."""
+    spans = timed(trace.spans)
+    if len(spans) <= max_spans:
+        return spans, ""
+    per_step: dict[int, int] = defaultdict(int)
+    for s in spans:
+        per_step[s.step] += 1
+    keep, total = set(), 0
+    for step in sorted(per_step):
+        if keep and total + per_step[step] > max_spans:
+            break
+        keep.add(step)
+        total += per_step[step]
+    note = (f"showing steps {min(keep)}..{max(keep)} of {len(per_step)} ({total:,} of "
+            f"{len(spans):,} spans; raise max_spans to draw more)")
+    return [s for s in spans if s.step in keep], note
+
+
+def idle_gaps(spans: list[Span], min_fraction: float = 1e-3) -> list[Span]:
+    """Gaps in each rank's compute within its step (pipeline bubbles, waits for comm), as
+    spans of kind 'idle'. Gaps shorter than ``min_fraction`` of the step are dropped."""
+    by_step: dict[int, list[Span]] = defaultdict(list)
+    for s in spans:
+        by_step[s.step].append(s)
+    out: list[Span] = []
+    for step, ss in sorted(by_step.items()):
+        t0, t1 = min(s.start_us for s in ss), max(s.end_us for s in ss)
+        floor = (t1 - t0) * min_fraction
+        per_rank: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for s in ss:
+            if s.kind in COMPUTE:
+                per_rank[s.rank].append((s.start_us, s.end_us))
+        for rank, iv in sorted(per_rank.items()):
+            cursor = t0
+            for a, b in sorted(iv):
+                if a - cursor > floor:
+                    out.append(Span(rank, step, f"idle {cursor - t0:,.0f}-{a - t0:,.0f} us into step",
+                                    "idle", "compute", cursor, a, phase="idle"))
+                cursor = max(cursor, b)
+            if t1 - cursor > floor:
+                out.append(Span(rank, step, f"idle {cursor - t0:,.0f}-{t1 - t0:,.0f} us into step",
+                                "idle", "compute", cursor, t1, phase="idle"))
+    return out
+
+
+def _arrays(spans: list[Span], lane_of) -> dict[str, np.ndarray]:
+    n = len(spans)
+    start = np.fromiter((s.start_us for s in spans), float, n)
+    end = np.fromiter((s.end_us for s in spans), float, n)
+    lane = np.fromiter((lane_of(s) for s in spans), float, n)
+    custom = np.array([(s.rank, s.step, s.layer, s.mb, s.bytes, s.flops, s.start_us,
+                        s.end_us - s.start_us) for s in spans], dtype=float).reshape(n, 8)
+    return {"start": start, "end": end, "lane": lane, "custom": custom,
+            "text": [s.op for s in spans]}
+
+
+def add_spans(fig: go.Figure, spans: list[Span], lane_of, gl: bool, line_px: float,
+              opacity: float = 1.0, legend: bool = True, row: int | None = None,
+              col: int | None = None) -> None:
+    """One trace (two with WebGL) per category of ``spans``, in legend order."""
+    groups: dict[str, list[Span]] = defaultdict(list)
+    for s in spans:
+        groups["idle" if s.kind == "idle" else style.category(s)].append(s)
+    where = {"row": row, "col": col} if row is not None else {}
+    for cat in sorted(groups, key=lambda c: (c != "idle", style.category_key(c))):
+        a, colour = _arrays(groups[cat], lane_of), style.color(cat)
+        op = opacity * (0.9 if cat == "idle" else 1.0)
+        if not gl:
+            fig.add_trace(go.Bar(
+                orientation="h", base=a["start"], x=a["end"] - a["start"], y=a["lane"], width=0.8,
+                name=cat, legendgroup=cat, showlegend=legend, marker_color=colour, opacity=op,
+                marker_line_width=0, text=a["text"], textposition="none", customdata=a["custom"],
+                hovertemplate=HOVER), **where)
+            continue
+        nan = np.full(len(a["start"]), np.nan)
+        fig.add_trace(go.Scattergl(
+            x=np.column_stack([a["start"], a["end"], nan]).ravel(),
+            y=np.column_stack([a["lane"], a["lane"], nan]).ravel(), mode="lines",
+            line={"color": colour, "width": line_px}, opacity=op, name=cat, legendgroup=cat,
+            showlegend=legend, hoverinfo="skip", connectgaps=False), **where)
+        fig.add_trace(go.Scattergl(
+            x=(a["start"] + a["end"]) / 2, y=a["lane"], mode="markers", name=cat, legendgroup=cat,
+            showlegend=False, marker={"color": colour, "size": max(line_px, 4), "opacity": 0.0},
+            text=a["text"], customdata=a["custom"], hovertemplate=HOVER), **where)
+
+
+def step_marks(fig: go.Figure, spans: list[Span]) -> None:
+    """A dotted line at the start of every step after the first."""
+    starts: dict[int, float] = {}
+    for s in spans:
+        starts[s.step] = min(starts.get(s.step, s.start_us), s.start_us)
+    for step, t in sorted(starts.items())[1:]:
+        fig.add_vline(x=t, line={"dash": "dot", "color": "#888", "width": 1},
+                      annotation_text=f"step {step}", annotation_position="top left",
+                      annotation_font_size=10)
+
+
+def layout(fig: go.Figure, lanes: Lanes, title: str, height: int) -> None:
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}}, height=height, barmode="overlay",
+        bargap=0.15, margin={"l": 150, "r": 20, "t": 60, "b": 45}, hovermode="closest",
+        dragmode="zoom", legend={"orientation": "v", "groupclick": "togglegroup",
+                                 "itemclick": "toggle", "font": {"size": 11}},
+        plot_bgcolor="#fbfbfb", uirevision="timeline")
+    fig.update_xaxes(title="time (us)", type="linear", showgrid=True, gridcolor="#eee",
+                     zeroline=False, tickformat=",.0f")
+    fig.update_yaxes(tickvals=list(range(len(lanes.labels))), ticktext=lanes.labels,
+                     showgrid=False, zeroline=False, tickfont={"size": 10},
+                     range=[len(lanes.labels) - 0.5, -0.5])
+
+
+def height_for(lanes: int) -> tuple[int, float]:
+    """Figure height (px) and the WebGL line width that fills ~70% of a lane."""
+    height = int(min(max(140 + 22 * lanes, 320), 2600))
+    return height, float(min(max(0.7 * (height - 105) / max(lanes, 1), 2.0), 18.0))
+
+
+def timeline(trace: Trace, title: str = "", max_spans: int = MAX_SPANS,
+             gl: bool | None = None) -> tuple[go.Figure, str]:
+    """The timeline figure of one trace, and a note when it draws only some steps."""
+    spans, note = limit_steps(trace, max_spans)
+    if not spans:
+        raise ValueError("the trace has no timed spans to draw (only memory events)")
+    idle = idle_gaps(spans)
+    lanes = Lanes.of([("", spans)])
+    height, line_px = height_for(len(lanes.labels))
+    use_gl = len(spans) + len(idle) > GL_SPANS if gl is None else gl
+    fig = go.Figure()
+    lane_of = lambda s: lanes.index[(s.rank, s.stream, 0)]  # noqa: E731
+    add_spans(fig, idle + spans, lane_of, use_gl, line_px)
+    if len(trace.steps()) > 1:
+        step_marks(fig, spans)
+    layout(fig, lanes, title, height)
+    return fig, note
