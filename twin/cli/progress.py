@@ -1,4 +1,4 @@
-"""A quiet progress line on stderr: it appears only once a task has run for a second."""
+"""A quiet progress line on stderr: on a terminal, once a task has run for a second."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ class Progress:
         self.t0 = time.perf_counter()
         self.last = 0.0
         self.shown = False
+        self.enabled = hasattr(stream, "isatty") and stream.isatty()
 
     def update(self, done: float, total: float, what: str = "") -> None:
+        if not self.enabled:
+            return
         now = time.perf_counter()
         if now - self.t0 < self.delay or (now - self.last < 0.2 and done < total):
             return
