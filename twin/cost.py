@@ -70,6 +70,13 @@ class CostModel:
     """Compute slows by this fraction while communication runs beside it on its rank."""
     core_share: bool = True
     """On clusters with cores_per_node, ranks' compute shares the node's cores."""
+    cores_effective: float | None = None
+    """Cores the ranks of a shared-CPU node effectively share; None: cores_per_node."""
+    kernels_by_dtype: dict = field(default_factory=dict)
+    """dtype -> kind -> KernelCost fitted for that dtype (overrides the kind's default)."""
+    collective_fits: dict = field(default_factory=dict)
+    """"kind/link/n" -> {latency_us, bw_GBps, ...}: measured t = latency + S / bw per
+    collective kind, link class (intra|inter) and group size n; S in nccl-tests' bytes."""
     compute_cv: float = 0.0
     """Run-to-run spread of compute ops (coefficient of variation) for jitter."""
     comm_cv: float = 0.0
@@ -77,12 +84,28 @@ class CostModel:
     provenance: dict = field(default_factory=dict)
     """Where the numbers come from (host, hardware, torch, backend, date, residuals)."""
 
-    def kernel(self, kind: str) -> KernelCost:
+    def kernel(self, kind: str, dtype: str = "") -> KernelCost:
+        by = self.kernels_by_dtype.get(dtype)
+        if by and kind in by:
+            return by[kind]
         return getattr(self, kind)
+
+    def collective_fit(self, kind: str, link: str, n: int) -> dict | None:
+        """The fit for this kind and link class at group size n (the nearest size measured)."""
+        if not self.collective_fits:
+            return None
+        best, dist = None, None
+        for key, fit in self.collective_fits.items():
+            k, lnk, size = key.split("/")
+            if k == kind and lnk == link:
+                d = abs(math.log(int(size) / n))
+                if dist is None or d < dist:
+                    best, dist = fit, d
+        return best
 
     def compute_time(self, op: Op, gpu: GPUSpec) -> float:
         """Seconds of one compute op on ``gpu`` (roofline with this profile's efficiencies)."""
-        k = self.kernel(op.kind)
+        k = self.kernel(op.kind, op.dtype)
         flops = op.flops
         if op.kind == "attention" and len(op.shape) > 5 and op.shape[5]:
             flops *= 0.5  # a causal kernel skips the masked half of the square
@@ -131,6 +154,8 @@ class CostModel:
                 v = KernelCost(**v)
             elif f.name in ("intra", "inter"):
                 v = LinkCost(**v)
+            elif f.name == "kernels_by_dtype":
+                v = {dt: {k: KernelCost(**kc) for k, kc in kinds.items()} for dt, kinds in v.items()}
             kw[f.name] = v
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)} - {"format", "version"}
         if unknown:

@@ -92,8 +92,9 @@ class ProgramBuilder:
 
         Bytes: Q, K, V read and O written; eager attention also makes about six passes over
         the b*heads*s^2 scores (QK^T written; scale, mask and softmax read and write them;
-        dropout reads them and writes its output; AV reads it), in 16-bit. ``shape[5]`` (causal) is 1 when the kernel skips the masked
-        half (flash attention) and 0 when it computes the full square and masks (eager).
+        dropout reads them and writes its output; AV reads it), in 16-bit. ``shape[5]``
+        (causal) is 1 when the kernel skips the masked half (flash attention) and 0 when it
+        computes the full square and masks (eager).
         """
         flops = 4.0 * batch * heads * seq * seq * head_dim * flops_scale
         nbytes = self.e * batch * seq * head_dim * (2 * heads + 2 * kv_heads) * flops_scale

@@ -113,11 +113,11 @@ class Simulation:
                 w.append(1.0)
         return tuple(max(x, 1.0) for x in w)
 
-    def _bundle(self, flows) -> simpy.Event | None:
+    def _bundle_spec(self, flows):
         """One fabric flow for a phase's flows: ring members move in lockstep, so the phase
         runs at the pace of its most loaded resource. Each resource is weighted by how many
         of the phase's flows (and their folded copies) cross it; the bundle moves the
-        largest per-flow byte count."""
+        largest per-flow byte count. Returns (resources, weights, amount) or None."""
         weights: dict = {}
         amount = 0.0
         for src, dst, nbytes in flows:
@@ -130,7 +130,30 @@ class Simulation:
         if not weights:
             return None
         res = tuple(weights)
-        return self.fabric.transfer(res, amount, weights=tuple(weights[r] for r in res))
+        return res, tuple(weights[r] for r in res), amount
+
+    def _uncontended_s(self, spec) -> float:
+        res, w, amount = spec
+        return amount / min(self.fabric.capacity[r] / x for r, x in zip(res, w))
+
+    def _fitted(self, kind: str, group: tuple, nbytes: float, specs: list, lat: list):
+        """Apply a measured latency/bandwidth fit: same phases and contention, scaled so the
+        uncontended time is the fit's latency + S / bw. Returns (specs, latencies, base)."""
+        link = "inter" if self.topo.grid.nodes_spanned(group) > 1 else "intra"
+        fit = self.cost.collective_fit(kind, link, len(group))
+        if fit is None:
+            return specs, lat, self.cost.base_latency_us * 1e-6
+        ideal = sum(self._uncontended_s(sp) for sp in specs if sp is not None)
+        want = nbytes / (fit["bw_GBps"] * 1e9)
+        scale = want / ideal if ideal > 0 else 1.0
+        specs = [None if sp is None else (sp[0], sp[1], sp[2] * scale) for sp in specs]
+        return specs, [0.0] * len(lat), fit["latency_us"] * 1e-6
+
+    def _start(self, spec) -> simpy.Event | None:
+        if spec is None:
+            return None
+        res, w, amount = spec
+        return self.fabric.transfer(res, amount, weights=w)
 
     # -- processes ------------------------------------------------------------------------
     def _arrive(self, rank: int, op, evs: dict, i: int) -> simpy.Event:
@@ -142,25 +165,28 @@ class Simulation:
             del self._rv[(op.group, op.name)]
             phases = plan_collective(op.kind, op.group, op.bytes, self.topo, self.opt.algorithm,
                                      op.root)
-            self._next_phase(phases, 0, rv["done"], self._noise(self.cost.comm_cv),
-                             self.cost.base_latency_us * 1e-6)
+            specs = [self._bundle_spec(ph.flows) for ph in phases]
+            specs, lats, base = self._fitted(op.kind, op.group, op.bytes, specs,
+                                             [ph.latency_s for ph in phases])
+            self._next_phase(specs, lats, 0, rv["done"], self._noise(self.cost.comm_cv), base)
         self.events += 1
         return rv["done"]
 
-    def _next_phase(self, phases, k: int, done: simpy.Event, noise: float, extra: float) -> None:
+    def _next_phase(self, specs: list, lats: list, k: int, done: simpy.Event, noise: float,
+                    extra: float) -> None:
         """Run phase k (latency, then its bundled flow) by callbacks, then the next."""
-        if k == len(phases):
+        if k == len(specs):
             done.succeed()
             return
-        lat = (phases[k].latency_s + extra) * noise
+        lat = (lats[k] + extra) * noise
 
         def start(_=None):
-            ev = self._bundle(phases[k].flows)
+            ev = self._start(specs[k])
             self.events += 2
             if ev is None:
-                self._next_phase(phases, k + 1, done, noise, 0.0)
+                self._next_phase(specs, lats, k + 1, done, noise, 0.0)
             else:
-                ev.callbacks.append(lambda _e: self._next_phase(phases, k + 1, done, noise, 0.0))
+                ev.callbacks.append(lambda _e: self._next_phase(specs, lats, k + 1, done, noise, 0.0))
 
         if lat > 0:
             self.env.timeout(lat).callbacks.append(start)
@@ -189,11 +215,16 @@ class Simulation:
             evs[i].succeed()
 
     def _run_p2p(self, src, dst, op, done):
+        flows = [(src, dst, op.bytes)] if src in self.simulated else [(dst, src, op.bytes)]
+        spec = self._bundle_spec(flows)
         lat = self.cost.p2p_latency_us * 1e-6 if self.cost.p2p_latency_us is not None \
             else self.topo.alpha(src, dst)
+        specs, _, fitted = self._fitted("sendrecv", (src, dst), op.bytes, [spec], [0.0])
+        if self.cost.collective_fit("sendrecv", "inter" if self.topo.inter(src, dst) else "intra",
+                                    2) is not None:
+            lat = fitted
         yield self.env.timeout(lat * self._noise(self.cost.comm_cv))
-        ev = self._bundle([(src, dst, op.bytes)] if src in self.simulated else
-                          [(dst, src, op.bytes)])
+        ev = self._start(specs[0])
         if ev is not None:
             yield ev
         done.succeed()

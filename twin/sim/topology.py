@@ -44,7 +44,8 @@ class Topology:
         for n in nodes:
             if self.shared_cpu:
                 cap[("loop", n)] = self.intra_Bps
-                cap[("cpu", n)] = float(self.cluster.cores_per_node or self.gpn)
+                cap[("cpu", n)] = float(self.cost.cores_effective or self.cluster.cores_per_node
+                                        or self.gpn)
             for i in range(self.nics):
                 cap[("nic_out", n, i)] = self.nic_Bps
                 cap[("nic_in", n, i)] = self.nic_Bps

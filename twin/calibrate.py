@@ -1,0 +1,160 @@
+"""Fit the cost model to measurements: kernel efficiency curves, collective latency and
+bandwidth, interference, and run-to-run noise (pure numpy; torch-free).
+
+Kernels (roofline, Williams et al. 2009): t = max(F / (P * E * F/(F + H)), B / (W * M)) + L,
+fitted per kind (and dtype) by minimising a robust (soft-L1) loss of log(t_model / t_measured)
+with Nelder-Mead over log-parameters. Collectives: t = alpha + beta * S per kind, group size
+and link class (Hockney's model), fitted by iteratively reweighted least squares on
+relative residuals (Huber weights). Noise: the coefficient of variation implied by the
+p10-p90 spread of repeats, (p90 - p10) / (2 * 1.2816 * median), for a normal spread.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from twin.cost import KernelCost
+
+Z90 = 1.2815515655446004  # standard normal quantile at 0.9
+
+
+@dataclass(frozen=True)
+class KernelPoint:
+    flops: float
+    bytes: float
+    time_s: float
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """A fitted model with its residuals (relative: t_model / t_measured - 1)."""
+
+    params: dict
+    residuals: list[float]
+
+    @property
+    def median_abs_residual(self) -> float:
+        return float(np.median(np.abs(self.residuals))) if self.residuals else 0.0
+
+    @property
+    def max_abs_residual(self) -> float:
+        return float(np.max(np.abs(self.residuals))) if self.residuals else 0.0
+
+
+def nelder_mead(f, x0: np.ndarray, step: float = 0.5, iters: int = 2000, tol: float = 1e-10):
+    """Minimise f from x0 (Nelder & Mead 1965, standard coefficients)."""
+    n = len(x0)
+    pts = [np.array(x0, float)] + [np.array(x0, float) + step * np.eye(n)[i] for i in range(n)]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = np.argsort(vals)
+        pts = [pts[i] for i in order]
+        vals = [vals[i] for i in order]
+        if abs(vals[-1] - vals[0]) < tol:
+            break
+        centroid = np.mean(pts[:-1], axis=0)
+        xr = centroid + (centroid - pts[-1])
+        fr = f(xr)
+        if fr < vals[0]:
+            xe = centroid + 2 * (centroid - pts[-1])
+            fe = f(xe)
+            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (pts[-1] - centroid)
+            fc = f(xc)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = xc, fc
+            else:
+                pts = [pts[0]] + [pts[0] + 0.5 * (p - pts[0]) for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+    i = int(np.argmin(vals))
+    return pts[i], vals[i]
+
+
+def kernel_time(p: dict, flops: np.ndarray, nbytes: np.ndarray, peak: float, bw: float) -> np.ndarray:
+    """The cost model's compute time for arrays of FLOPs and bytes."""
+    eff = p["efficiency"] * (flops / (flops + p["half_flops"]) if p["half_flops"] else 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_f = np.where(flops > 0, flops / (peak * eff), 0.0)
+    t_m = nbytes / (bw * p["mem_efficiency"])
+    return np.maximum(t_f, t_m) + p["launch_us"] * 1e-6
+
+
+def fit_kernel(points: list[KernelPoint], peak_flops: float, hbm_Bps: float,
+               start: KernelCost | None = None) -> FitResult:
+    """Efficiency curve, memory efficiency and launch overhead of one kernel kind.
+
+    With fewer than 4 points only the largest efficiency and the launch cost are fitted
+    (the curve's knee and the memory efficiency keep ``start``'s values)."""
+    if not points:
+        raise ValueError("no measurements to fit")
+    start = start or KernelCost()
+    F = np.array([p.flops for p in points], float)
+    B = np.array([p.bytes for p in points], float)
+    T = np.array([p.time_s for p in points], float)
+    names = ["efficiency", "launch_us", "half_flops", "mem_efficiency"]
+    free = names if len(points) >= 4 else names[:2]
+    base = {"efficiency": start.efficiency, "half_flops": start.half_flops or 1.0,
+            "mem_efficiency": start.mem_efficiency, "launch_us": max(start.launch_us, 0.1)}
+
+    def unpack(x):
+        p = dict(base)
+        for name, v in zip(free, x):
+            p[name] = float(math.exp(v))
+        if "half_flops" not in free:
+            p["half_flops"] = start.half_flops
+        return p
+
+    def loss(x):
+        r = np.log(kernel_time(unpack(x), F, B, peak_flops, hbm_Bps) / T)
+        return float(np.sum(2 * (np.sqrt(1 + (r / 0.05) ** 2) - 1)))  # soft-L1, 5% scale
+
+    best = None
+    for scale in (1.0, 0.3, 3.0):
+        x0 = np.log([base[n] * (scale if n == "efficiency" else 1.0) for n in free])
+        x, v = nelder_mead(loss, x0)
+        if best is None or v < best[1]:
+            best = (x, v)
+    p = unpack(best[0])
+    res = kernel_time(p, F, B, peak_flops, hbm_Bps) / T - 1
+    return FitResult(params=p, residuals=[float(r) for r in res])
+
+
+def fit_latency_bandwidth(sizes: list[float], times: list[float], iters: int = 50) -> FitResult:
+    """t = alpha + beta * S by IRLS on relative residuals with Huber weights (k = 1.345)."""
+    S = np.asarray(sizes, float)
+    T = np.asarray(times, float)
+    if len(S) < 2:
+        raise ValueError("a latency/bandwidth fit needs at least two message sizes")
+    w = 1.0 / T ** 2
+    coef = np.zeros(2)
+    A = np.stack([np.ones_like(S), S], axis=1)
+    for _ in range(iters):
+        W = np.sqrt(w)
+        coef, *_ = np.linalg.lstsq(A * W[:, None], T * W, rcond=None)
+        coef = np.maximum(coef, [0.0, 1e-18])
+        rel = (A @ coef - T) / T
+        scale = 1.4826 * np.median(np.abs(rel)) or 1e-12
+        u = np.abs(rel) / (1.345 * scale)
+        w = np.where(u <= 1, 1.0, 1.0 / u) / T ** 2
+    res = (A @ coef) / T - 1
+    return FitResult(params={"alpha_s": float(coef[0]), "beta_s_per_byte": float(coef[1])},
+                     residuals=[float(r) for r in res])
+
+
+def cv_from_spread(median: float, p10: float, p90: float) -> float:
+    """Coefficient of variation of a normal spread with these quantiles."""
+    if median <= 0:
+        return 0.0
+    return max(0.0, (p90 - p10) / (2 * Z90 * median))
+
+
+def robust_cv(rows: list[tuple[float, float, float]]) -> float:
+    """Median of per-point CVs (median, p10, p90): one number for a family of measurements."""
+    cvs = [cv_from_spread(*r) for r in rows if r[0] > 0]
+    return float(np.median(cvs)) if cvs else 0.0
