@@ -1,9 +1,11 @@
 """Fit the cost model to measurements: kernel efficiency curves, collective latency and
 bandwidth, interference, and run-to-run noise (pure numpy; torch-free).
 
-Kernels (roofline, Williams et al. 2009): t = max(F / (P * E * F/(F + H)), B / (W * M)) + L,
-fitted per kind (and dtype) by minimising a robust (soft-L1) loss of log(t_model / t_measured)
-with Nelder-Mead over log-parameters. Collectives: t = alpha + beta * S per kind, group size
+Kernels (roofline, Williams et al. 2009): t = max(F / (P * E), B / (W * M)) + L, fitted per
+kind (and dtype) by minimising a robust (soft-L1) loss of log(t_model / t_measured) with
+Nelder-Mead over log-parameters. The achieved efficiency F / (P * t) then rises with size
+through L; the cost model's extra knee F_half is left at 0 because (F + F_half) / (P * E)
+is linear in F and cannot be told apart from L. Collectives: t = alpha + beta * S per kind, group size
 and link class (Hockney's model), fitted by iteratively reweighted least squares on
 relative residuals (Huber weights). Noise: the coefficient of variation implied by the
 p10-p90 spread of repeats, (p90 - p10) / (2 * 1.2816 * median), for a normal spread.
@@ -87,27 +89,25 @@ def kernel_time(p: dict, flops: np.ndarray, nbytes: np.ndarray, peak: float, bw:
 
 def fit_kernel(points: list[KernelPoint], peak_flops: float, hbm_Bps: float,
                start: KernelCost | None = None) -> FitResult:
-    """Efficiency curve, memory efficiency and launch overhead of one kernel kind.
+    """Largest efficiency, memory efficiency and launch overhead of one kernel kind.
 
-    With fewer than 4 points only the largest efficiency and the launch cost are fitted
-    (the curve's knee and the memory efficiency keep ``start``'s values)."""
+    With fewer than 3 points only the efficiency and the launch cost are fitted (the memory
+    efficiency keeps ``start``'s value)."""
     if not points:
         raise ValueError("no measurements to fit")
     start = start or KernelCost()
     F = np.array([p.flops for p in points], float)
     B = np.array([p.bytes for p in points], float)
     T = np.array([p.time_s for p in points], float)
-    names = ["efficiency", "launch_us", "half_flops", "mem_efficiency"]
-    free = names if len(points) >= 4 else names[:2]
-    base = {"efficiency": start.efficiency, "half_flops": start.half_flops or 1.0,
+    names = ["efficiency", "launch_us", "mem_efficiency"]
+    free = names if len(points) >= 3 else names[:2]
+    base = {"efficiency": start.efficiency, "half_flops": 0.0,
             "mem_efficiency": start.mem_efficiency, "launch_us": max(start.launch_us, 0.1)}
 
     def unpack(x):
         p = dict(base)
         for name, v in zip(free, x):
             p[name] = float(math.exp(v))
-        if "half_flops" not in free:
-            p["half_flops"] = start.half_flops
         return p
 
     def loss(x):
