@@ -23,6 +23,7 @@ TASKS = {
     "replay": "executor.runner:replay_task",
     "bench_collectives": "executor.bench.collectives:bench_task",
     "replay_vs_bare": "executor.bench.allreduce:compare_task",
+    "interference": "executor.interference:interference_task",
 }
 
 

@@ -88,19 +88,22 @@ def kernel_time(p: dict, flops: np.ndarray, nbytes: np.ndarray, peak: float, bw:
 
 
 def fit_kernel(points: list[KernelPoint], peak_flops: float, hbm_Bps: float,
-               start: KernelCost | None = None) -> FitResult:
+               start: KernelCost | None = None, memory_bound: bool = False) -> FitResult:
     """Largest efficiency, memory efficiency and launch overhead of one kernel kind.
 
-    With fewer than 3 points only the efficiency and the launch cost are fitted (the memory
-    efficiency keeps ``start``'s value)."""
+    Compute-bound kinds fit E and L (and M from 4 points on); memory-bound kinds
+    (``memory_bound``: elementwise, optimizer) fit M and L, E keeping ``start``'s value.
+    E is bounded by 4 and M by 10 (caches can beat the nominal memory bandwidth)."""
     if not points:
         raise ValueError("no measurements to fit")
     start = start or KernelCost()
     F = np.array([p.flops for p in points], float)
     B = np.array([p.bytes for p in points], float)
     T = np.array([p.time_s for p in points], float)
-    names = ["efficiency", "launch_us", "mem_efficiency"]
-    free = names if len(points) >= 3 else names[:2]
+    if memory_bound:
+        free = ["mem_efficiency", "launch_us"]
+    else:
+        free = ["efficiency", "launch_us"] + (["mem_efficiency"] if len(points) >= 4 else [])
     base = {"efficiency": start.efficiency, "half_flops": 0.0,
             "mem_efficiency": start.mem_efficiency, "launch_us": max(start.launch_us, 0.1)}
 
@@ -110,17 +113,24 @@ def fit_kernel(points: list[KernelPoint], peak_flops: float, hbm_Bps: float,
             p[name] = float(math.exp(v))
         return p
 
+    bounds = {"efficiency": 4.0, "mem_efficiency": 10.0, "launch_us": 1e6}
+
     def loss(x):
-        r = np.log(kernel_time(unpack(x), F, B, peak_flops, hbm_Bps) / T)
-        return float(np.sum(2 * (np.sqrt(1 + (r / 0.05) ** 2) - 1)))  # soft-L1, 5% scale
+        p = unpack(x)
+        r = np.log(kernel_time(p, F, B, peak_flops, hbm_Bps) / T)
+        over = sum(max(0.0, math.log(p[n] / bounds[n])) for n in free)
+        return float(np.sum(2 * (np.sqrt(1 + (r / 0.05) ** 2) - 1))) + 1e3 * over  # soft-L1
 
     best = None
     for scale in (1.0, 0.3, 3.0):
-        x0 = np.log([base[n] * (scale if n == "efficiency" else 1.0) for n in free])
+        x0 = np.log([base[n] * (scale if n in ("efficiency", "mem_efficiency") else 1.0)
+                     for n in free])
         x, v = nelder_mead(loss, x0)
         if best is None or v < best[1]:
             best = (x, v)
     p = unpack(best[0])
+    for n in free:
+        p[n] = min(p[n], bounds[n])
     res = kernel_time(p, F, B, peak_flops, hbm_Bps) / T - 1
     return FitResult(params=p, residuals=[float(r) for r in res])
 

@@ -35,7 +35,7 @@ def test_memory_bound_kernel_fit_recovers_bandwidth_efficiency():
     flops, nbytes = elems, 12 * elems
     t = _noisy(kernel_time(true, flops, nbytes, PEAK, BW), rng)
     fit = fit_kernel([KernelPoint(f, b, x) for f, b, x in zip(flops, nbytes, t)], PEAK, BW,
-                     KernelCost(half_flops=0.0))
+                     KernelCost(half_flops=0.0, efficiency=0.5), memory_bound=True)
     assert fit.params["mem_efficiency"] == pytest.approx(0.45, rel=0.1)
     assert fit.params["launch_us"] == pytest.approx(8.0, rel=0.35)
 

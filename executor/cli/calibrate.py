@@ -1,0 +1,128 @@
+"""`paratwin calibrate`: measure this machine and fit the twin's cost model into a profile."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from twin.calibrate_profile import build_profile
+from twin.cli.config import to_spec
+from twin.cli.main import CONF_DIR
+from twin.cost import CostModel
+from twin.spec import ClusterSpec, ConfigError
+
+
+def profile_path(cfg, cluster: ClusterSpec) -> Path:
+    if cfg.get("out"):
+        return Path(str(cfg.out))
+    return CONF_DIR / "profiles" / f"{cfg.get('name') or cluster.name}.yaml"
+
+
+def check_writable(path: Path) -> None:
+    """An existing file there must be a paratwin profile; anything else is left untouched."""
+    if path.exists():
+        try:
+            CostModel.load(path)
+        except ValueError as err:
+            raise ConfigError(f"{path} exists and is not a paratwin profile ({err}); it was not "
+                              "overwritten: move it away or choose another out=PATH") from None
+
+
+def run_bench(run_dir: Path, overrides: list[str], timeout_s: float) -> Path:
+    """`paratwin bench` into RUN_DIR/bench, its progress shown as it runs."""
+    out = run_dir / "bench"
+    cmd = [sys.executable, "-m", "twin.cli.main", "bench", f"out_dir={out}",
+           f"timeout_s={timeout_s}", *overrides]
+    print(f"measuring: {' '.join(cmd[2:])}", flush=True)
+    proc = subprocess.run(cmd, timeout=timeout_s * 4)
+    if proc.returncode != 0:
+        raise ConfigError(f"paratwin bench failed (exit {proc.returncode}); see its output above")
+    return out
+
+
+def run_interference(run_dir: Path, world: int, gemm_n: int, timeout_s: float) -> dict:
+    from executor import rundir
+    from executor.launch import launch_local
+
+    out = run_dir / "interference"
+    rundir.prepare(out)
+    rundir.write_json(out / rundir.SETTINGS, {
+        "task": "interference", "world_size": world, "backend": "gloo", "threads": 1,
+        "timeout_s": timeout_s, "comm_timeout_s": timeout_s, "gemm_n": gemm_n, "repeats": 20,
+        "comm_bytes": 64 * 2**20, "comm_ops": 4})
+    print(f"measuring interference: {world} ranks, {gemm_n}^3 GEMMs alone, together, beside "
+          "all-reduces", flush=True)
+    launch_local(out, world, timeout_s=timeout_s, log=lambda m: None)
+    return json.loads((out / "interference.json").read_text())
+
+
+def format_fits(profile: CostModel, report: dict, path: Path) -> str:
+    lines = [f"profile {profile.name} -> {path}", "", "kernels (t = max(F/(P*E), B/(W*M)) + L):",
+             f"  {'kind/dtype':<20} {'E':>6} {'M':>6} {'L us':>8} {'resid med':>10} {'max':>7} {'pts':>4}"]
+    for k, v in report["kernels"].items():
+        p = v["params"]
+        lines.append(f"  {k:<20} {p['efficiency']:>6.3f} {p['mem_efficiency']:>6.3f} "
+                     f"{p['launch_us']:>8.1f} {v['residual_median']:>10.1%} {v['residual_max']:>7.1%} "
+                     f"{v['points']:>4}")
+    lines += ["", "collectives (t = latency + S / bw):",
+              f"  {'kind/link/n':<26} {'latency us':>11} {'bw GB/s':>9} {'resid med':>10} {'max':>7}"]
+    for k, v in report["collectives"].items():
+        lines.append(f"  {k:<26} {v['latency_us']:>11.1f} {v['bw_GBps']:>9.3f} "
+                     f"{v['residual_median']:>10.1%} {v['residual_max']:>7.1%}")
+    if "interference" in report:
+        i = report["interference"]
+        lines += ["", f"interference: {i['world_size']} ranks computing together take "
+                      f"{i['gemm_concurrent_s'] / i['gemm_alone_s']:.2f}x alone -> "
+                      f"{i['cores_effective']:.2f} effective cores; beside all-reduces "
+                      f"{1 + i['overlap_slowdown']:.2f}x -> overlap_slowdown {i['overlap_slowdown']:.2f}"]
+    lines.append(f"noise: compute_cv {profile.compute_cv:.3f}, comm_cv {profile.comm_cv:.3f}")
+    return "\n".join(lines)
+
+
+def run(cfg) -> dict:
+    fmt = cfg.get("format", "text")
+    if fmt not in ("text", "json"):
+        raise ConfigError(f"format={fmt!r} is not one of text|json")
+    cluster = to_spec(ClusterSpec, cfg.get("cluster"), "cluster")
+    path = profile_path(cfg, cluster)
+    check_writable(path)
+    from hydra.core.hydra_config import HydraConfig
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    timeout_s = float(cfg.get("timeout_s", 600))
+    if cfg.get("bench_dir"):
+        bench_dir = Path(str(cfg.bench_dir))
+        if not bench_dir.is_dir():
+            raise ConfigError(f"bench_dir={bench_dir} is not a directory; run `paratwin bench` "
+                              "or leave bench_dir unset to measure now")
+    else:
+        bench_dir = run_bench(run_dir, list(cfg.get("bench") or []), timeout_s)
+    interference = None
+    if cfg.get("interference", True) and cluster.intra.kind == "shared_cpu":
+        interference = run_interference(run_dir, max(2, cluster.gpus_per_node),
+                                        int(cfg.get("interference_gemm_n", 512)), timeout_s)
+    dtype = "fp32" if "fp32" in cluster.gpu.peak_tflops and cluster.intra.kind == "shared_cpu" \
+        else "bf16"
+    name = str(cfg.get("name") or cluster.name)
+    try:
+        profile, report = build_profile(bench_dir, cluster, name, dtype, interference)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)  # atomic: a temporary file renamed into place
+    if bench_dir != run_dir / "bench":
+        for f in ("collectives.csv", "kernels.csv", "meta.json"):
+            if (bench_dir / f).exists():
+                shutil.copy(bench_dir / f, run_dir / f)
+    profile.save(run_dir / "profile.yaml")
+    (run_dir / "fits.json").write_text(json.dumps(report, indent=2, default=float))
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    print(json.dumps({"profile": str(path), **report}, indent=2, default=float) if fmt == "json"
+          else format_fits(profile, report, path))
+    return {"profile": str(path), **report}

@@ -1,0 +1,131 @@
+"""Turn `paratwin bench` CSVs and interference measurements into a calibration profile."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from twin.calibrate import (FitResult, KernelPoint, fit_kernel, fit_latency_bandwidth,
+                            robust_cv)
+from twin.cost import CostModel, KernelCost, default_cost_model
+from twin.spec import ClusterSpec
+
+KERNEL_KIND = {"gemm": "gemm", "attention": "attention", "attention.bwd": "attention",
+               "elementwise": "elementwise", "optimizer": "optimizer"}
+
+
+def read_csv(path: Path) -> list[dict]:
+    """Rows of a bench CSV with numbers parsed; a missing or foreign file says so."""
+    if not path.exists():
+        raise ValueError(f"{path} does not exist; run `paratwin bench out_dir={path.parent}` first")
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    need = {"kind", "time_s_median", "time_s_p10", "time_s_p90"}
+    if rows and not need <= set(rows[0]):
+        raise ValueError(f"{path} is not a paratwin bench CSV (missing {sorted(need - set(rows[0]))})")
+    out = []
+    for r in rows:
+        d = dict(r)
+        for k, v in r.items():
+            try:
+                d[k] = float(v)
+            except (TypeError, ValueError):
+                pass
+        out.append(d)
+    return out
+
+
+def fit_kernels(rows: list[dict], cluster: ClusterSpec, base: CostModel, dtype: str):
+    """KernelCost per (dtype, kind) and the residuals; ``dtype``'s fits become the defaults."""
+    groups: dict[tuple[str, str], list[KernelPoint]] = defaultdict(list)
+    for r in rows:
+        kind = KERNEL_KIND.get(str(r["kind"]))
+        if kind is None or r["dtype"] not in cluster.gpu.peak_tflops:
+            continue
+        groups[(str(r["dtype"]), kind)].append(KernelPoint(r["flops"], r["bytes"], r["time_s_median"]))
+    by_dtype: dict[str, dict[str, KernelCost]] = defaultdict(dict)
+    fits: dict[str, FitResult] = {}
+    for (dt, kind), points in sorted(groups.items()):
+        fit = fit_kernel(points, cluster.gpu.peak_flops(dt), cluster.gpu.hbm_bw_GBps * 1e9,
+                         base.kernel(kind), memory_bound=kind in ("elementwise", "optimizer"))
+        by_dtype[dt][kind] = KernelCost(**fit.params)
+        fits[f"{kind}/{dt}"] = fit
+    defaults = {k: v for k, v in by_dtype.get(dtype, {}).items()}
+    return defaults, dict(by_dtype), fits
+
+
+def fit_collectives(rows: list[dict], link: str = "intra"):
+    """Latency/bandwidth per (kind, group size): the profile's collective_fits and residuals."""
+    groups: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    for r in rows:
+        groups[(str(r["kind"]), int(r["group_size"]))].append((r["bytes"], r["time_s_median"]))
+    out, fits = {}, {}
+    for (kind, n), pts in sorted(groups.items()):
+        if len(pts) < 2:
+            continue
+        fit = fit_latency_bandwidth([p[0] for p in pts], [p[1] for p in pts])
+        beta = fit.params["beta_s_per_byte"]
+        out[f"{kind}/{link}/{n}"] = {
+            "latency_us": fit.params["alpha_s"] * 1e6, "bw_GBps": 1 / beta / 1e9,
+            "residual_median": fit.median_abs_residual, "residual_max": fit.max_abs_residual,
+            "points": len(pts)}
+        fits[f"{kind}/{link}/{n}"] = fit
+    return out, fits
+
+
+def build_profile(bench_dir: Path, cluster: ClusterSpec, name: str, dtype: str,
+                  interference: dict | None = None) -> tuple[CostModel, dict]:
+    """The fitted profile of a bench directory, and a summary of every fit's residuals."""
+    base = default_cost_model(cluster)
+    meta_path = bench_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    changes: dict = {}
+    report: dict = {"kernels": {}, "collectives": {}}
+    if (bench_dir / "kernels.csv").exists():
+        krows = read_csv(bench_dir / "kernels.csv")
+        defaults, by_dtype, kfits = fit_kernels(krows, cluster, base, dtype)
+        changes.update(defaults)
+        changes["kernels_by_dtype"] = by_dtype
+        report["kernels"] = {k: {"params": f.params, "residual_median": f.median_abs_residual,
+                                 "residual_max": f.max_abs_residual, "points": len(f.residuals)}
+                             for k, f in kfits.items()}
+        timed = [(r["time_s_median"], r["time_s_p10"], r["time_s_p90"]) for r in krows
+                 if r["time_s_median"] > 2e-3]
+        changes["compute_cv"] = robust_cv(timed)
+    if (bench_dir / "collectives.csv").exists():
+        crows = read_csv(bench_dir / "collectives.csv")
+        cfits, _ = fit_collectives(crows)
+        changes["collective_fits"] = cfits
+        report["collectives"] = cfits
+        big = [(r["time_s_median"], r["time_s_p10"], r["time_s_p90"]) for r in crows
+               if r["bytes"] >= 1 << 20]
+        changes["comm_cv"] = robust_cv(big)
+    if interference:
+        k = interference["world_size"]
+        slow = max(1.0, interference["gemm_concurrent_s"] / interference["gemm_alone_s"])
+        cores = cluster.cores_per_node or k
+        # the twin's shared cores: k busy ranks run at min(1, C/k); measured slowdown s -> C = k/s
+        changes["cores_effective"] = min(float(cores), k / slow) if slow > 1.0 else float(cores)
+        changes["overlap_slowdown"] = max(
+            0.0, interference["gemm_overlap_s"] / interference["gemm_concurrent_s"] - 1.0)
+        report["interference"] = {**interference, "cores_effective": changes["cores_effective"],
+                                  "overlap_slowdown": changes["overlap_slowdown"]}
+    if not changes:
+        raise ValueError(f"{bench_dir} holds neither kernels.csv nor collectives.csv")
+    provenance = {"source": str(bench_dir), "cluster": cluster.name, **{
+        k: meta.get(k) for k in ("host", "cpu", "gpus", "torch_version", "backend", "world_size",
+                                 "date") if k in meta},
+        "fit_residuals": {
+            "kernels_median": _median([v["residual_median"] for v in report["kernels"].values()]),
+            "collectives_median": _median([v["residual_median"]
+                                           for v in report["collectives"].values()])}}
+    profile = dataclasses.replace(base, name=name, provenance=provenance, **changes)
+    return profile, report
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
