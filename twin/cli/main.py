@@ -17,6 +17,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "execute": ("executor.cli.execute", "run the schedule for real with torch.distributed, timing every op"),
     "bench": ("executor.cli.bench", "microbenchmark collectives and kernels of this machine (CSV)"),
     "calibrate": ("executor.cli.calibrate", "measure this machine and fit the twin's cost model"),
+    "validate": ("executor.cli.validate", "run a suite for real and hold the twin's predictions against it"),
     "conformance": ("executor.cli.conformance", "the schedule's collectives vs PyTorch's DDP/FSDP2/TP/PP"),
     "report": ("twin.cli.report", "one self-contained HTML report of run directories"),
 }

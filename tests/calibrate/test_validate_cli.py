@@ -1,0 +1,68 @@
+"""`paratwin validate` end to end at world size 2 (one small config), and calibrate from a bench dir."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli.test_inspect_cli import paratwin
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_validate_one_config_end_to_end(tmp_path):
+    out = paratwin("validate", "model=tiny", "suite=[ddp]", "info_suite=[]", "steps=2", "warmup=1",
+                   "calibration=null", "report=false", f"hydra.run.dir={tmp_path / 'v'}",
+                   "format=json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout)
+    (row,) = res["runs"]
+    assert row["measured_p10_s"] <= row["measured_p50_s"] <= row["measured_p90_s"]
+    assert row["predicted_s"] > 0 and isinstance(row["in_band"], bool)
+    assert row["kinds"]["_join"]["unmatched"] == 0 and row["kinds"]["_join"]["matched"] > 0
+    assert res["figures"]["runs"] == 1
+    # resumable: a second run keeps the finished result
+    again = paratwin("validate", "model=tiny", "suite=[ddp]", "info_suite=[]", "steps=2",
+                     "warmup=1", "calibration=null", "report=false",
+                     f"hydra.run.dir={tmp_path / 'v'}", "format=json", cwd=tmp_path)
+    assert json.loads(again.stdout)["runs"][0]["wall_s"] == row["wall_s"]
+
+
+def _bench_dir(tmp_path):
+    d = tmp_path / "bench"
+    d.mkdir()
+    (d / "collectives.csv").write_text(
+        "kind,group_size,bytes,dtype,time_s_median,time_s_p10,time_s_p90,algbw_GBps,busbw_GBps,repeats,backend\n"
+        + "".join(f"all_reduce,2,{s},fp32,{1e-4 + s / 2e9},{0.9e-4 + s / 2.1e9},{1.2e-4 + s / 1.9e9},0,0,5,gloo\n"
+                  for s in (4096, 65536, 1 << 20, 1 << 24)))
+    (d / "kernels.csv").write_text(
+        "kind,dtype,shape,flops,bytes,time_s_median,time_s_p10,time_s_p90,repeats,tflops,GBps,device\n"
+        + "".join(f"gemm,fp32,{n}x{n}x{n},{2 * n**3},{12 * n * n},{2 * n**3 / 5e10 + 2e-5},"
+                  f"{2 * n**3 / 5.2e10 + 2e-5},{2 * n**3 / 4.8e10 + 2e-5},5,0,0,cpu\n"
+                  for n in (128, 256, 512, 1024)))
+    return d
+
+
+def test_calibrate_fits_a_bench_dir_and_refuses_foreign_files(tmp_path):
+    bench = _bench_dir(tmp_path)
+    prof = tmp_path / "p.yaml"
+    out = paratwin("calibrate", f"bench_dir={bench}", f"out={prof}", "interference=false",
+                   f"hydra.run.dir={tmp_path / 'c'}", "format=json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    fit = res["collectives"]["all_reduce/intra/2"]
+    assert fit["bw_GBps"] == pytest.approx(2.0, rel=0.05)
+    assert fit["latency_us"] == pytest.approx(100.0, rel=0.1)
+    assert res["kernels"]["gemm/fp32"]["params"]["efficiency"] * 0.071e12 == pytest.approx(5e10, rel=0.05)
+    sim = paratwin("simulate", "model=tiny", "cluster=cpu_local", f"calibration={prof}",
+                   "report=false", "format=json", cwd=tmp_path)
+    assert sim.returncode == 0 and json.loads(sim.stdout)["profile"] == "cpu_local"
+    foreign = tmp_path / "notes.yaml"
+    foreign.write_text("hello: world\n")
+    bad = paratwin("calibrate", f"bench_dir={bench}", f"out={foreign}", "interference=false",
+                   f"hydra.run.dir={tmp_path / 'd'}", cwd=tmp_path)
+    assert bad.returncode == 2 and "was not overwritten" in bad.stderr
+    assert foreign.read_text() == "hello: world\n"

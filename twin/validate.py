@@ -1,0 +1,78 @@
+"""Hold a twin prediction against a measured run of the same schedule (pure; no torch).
+
+Step time: the measured median and p10-p90 band over steps against the twin's prediction.
+Per op kind: for the ops both traces hold (joined by rank and op id), the twin's summed
+duration against the measured one in the measured run's median step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from twin.trace import Trace
+
+MEMORY = ("alloc", "free")
+
+
+def kind_key(kind: str, group: str) -> str:
+    return f"{kind} ({group})" if group and kind not in ("send", "recv") else kind
+
+
+def median_step(trace: Trace) -> int:
+    """The measured step whose duration is the median."""
+    span: dict[int, list[float]] = defaultdict(lambda: [float("inf"), float("-inf")])
+    for s in trace.spans:
+        if s.kind in MEMORY:
+            continue
+        w = span[s.step]
+        w[0] = min(w[0], s.start_us)
+        w[1] = max(w[1], s.end_us)
+    times = {k: v[1] - v[0] for k, v in span.items()}
+    med = statistics.median(times.values())
+    return min(times, key=lambda k: abs(times[k] - med))
+
+
+def kind_errors(measured: Trace, predicted: Trace, step: int | None = None) -> dict[str, dict]:
+    """Per op kind: measured and predicted seconds summed over the ops both traces hold."""
+    step = median_step(measured) if step is None else step
+    pred = {(s.rank, s.op): s for s in predicted.spans if s.step == 0 and s.kind not in MEMORY}
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    matched = unmatched = 0
+    for s in measured.spans:
+        if s.step != step or s.kind in MEMORY:
+            continue
+        p = pred.get((s.rank, s.op))
+        if p is None:
+            unmatched += 1
+            continue
+        matched += 1
+        row = sums[kind_key(s.kind, s.group)]
+        row[0] += s.dur_us / 1e6
+        row[1] += p.dur_us / 1e6
+        row[2] += 1
+    out = {k: {"measured_s": m, "predicted_s": p, "ops": n,
+               "error": (p / m - 1) if m > 0 else None} for k, (m, p, n) in sorted(sums.items())}
+    out["_join"] = {"matched": matched, "unmatched": unmatched}
+    return out
+
+
+def compare(measured_summary: dict, predicted_summary: dict) -> dict:
+    """Step-time error and whether the prediction falls in the measured p10-p90 band."""
+    m = measured_summary
+    p = predicted_summary["step_time_s"]
+    return {"measured_p50_s": m["step_time_s"], "measured_p10_s": m["step_time_p10_s"],
+            "measured_p90_s": m["step_time_p90_s"], "predicted_s": p,
+            "error": p / m["step_time_s"] - 1,
+            "in_band": m["step_time_p10_s"] <= p <= m["step_time_p90_s"]}
+
+
+def suite_figures(rows: list[dict]) -> dict:
+    """Median absolute error, the largest error, and predictions inside their bands."""
+    errs = [abs(r["error"]) for r in rows]
+    worst = max(rows, key=lambda r: abs(r["error"])) if rows else None
+    return {"runs": len(rows),
+            "median_abs_error": statistics.median(errs) if errs else None,
+            "max_abs_error": max(errs) if errs else None,
+            "worst": worst["name"] if worst else None,
+            "in_band": sum(r["in_band"] for r in rows)}
