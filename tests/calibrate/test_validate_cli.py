@@ -35,9 +35,10 @@ def _bench_dir(tmp_path):
     d = tmp_path / "bench"
     d.mkdir()
     (d / "collectives.csv").write_text(
-        "kind,group_size,bytes,dtype,time_s_median,time_s_p10,time_s_p90,algbw_GBps,busbw_GBps,repeats,backend\n"
-        + "".join(f"all_reduce,2,{s},fp32,{1e-4 + s / 2e9},{0.9e-4 + s / 2.1e9},{1.2e-4 + s / 1.9e9},0,0,5,gloo\n"
-                  for s in (4096, 65536, 1 << 20, 1 << 24)))
+        "kind,group_size,bytes,dtype,time_s_median,time_s_p10,time_s_p90,algbw_GBps,busbw_GBps,"
+        "repeats,backend\n"
+        + "".join(f"all_reduce,2,{s},fp32,{1e-4 + s / 2e9},{0.9e-4 + s / 2.1e9},"
+                  f"{1.2e-4 + s / 1.9e9},0,0,5,gloo\n" for s in (4096, 65536, 1 << 20, 1 << 24)))
     (d / "kernels.csv").write_text(
         "kind,dtype,shape,flops,bytes,time_s_median,time_s_p10,time_s_p90,repeats,tflops,GBps,device\n"
         + "".join(f"gemm,fp32,{n}x{n}x{n},{2 * n**3},{12 * n * n},{2 * n**3 / 5e10 + 2e-5},"
