@@ -11,16 +11,14 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from twin.spec import ClusterSpec, GPUSpec, ModelSpec, ParallelPlan, build_job
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.presets import dgx_h100, llama3
+from twin.spec import ParallelPlan, build_job
 from twin.workload.summary import inspect_job
 
-H100 = GPUSpec(name="H100", peak_tflops={"bf16": 989.0}, hbm_GB=80, hbm_bw_GBps=3350)
-LLAMA = {
-    "llama3_8b": dict(num_layers=32, hidden_size=4096, num_heads=32, ffn_hidden_size=14336),
-    "llama3_70b": dict(num_layers=80, hidden_size=8192, num_heads=64, ffn_hidden_size=28672),
-    "llama3_405b": dict(num_layers=126, hidden_size=16384, num_heads=128, ffn_hidden_size=53248),
-}
 JOBS = [
     ("llama3_8b", 1, ParallelPlan(zero_stage=3)),
     ("llama3_70b", 8, ParallelPlan(zero_stage=3, tp=8)),
@@ -32,9 +30,7 @@ JOBS = [
 def main() -> None:
     print(f"{'job':<14} {'GPUs':>6} {'inspect_job (ms)':>17}")
     for name, nodes, plan in JOBS:
-        model = ModelSpec(name=name, num_kv_heads=8, vocab_size=128256, seq_len=8192,
-                          activation="swiglu", **LLAMA[name])
-        cluster = ClusterSpec(name="dgx_h100", num_nodes=nodes, gpus_per_node=8, gpu=H100)
+        model, cluster = llama3(name), dgx_h100(nodes)
         times = []
         for _ in range(20):
             t0 = time.perf_counter()

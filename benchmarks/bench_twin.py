@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from twin.sim.engine import SimOptions
 from twin.sim.run import simulate
-from twin.spec import ClusterSpec, GPUSpec, InterNodeSpec, IntraNodeSpec, ModelSpec, ParallelPlan, build_job
 
-H100 = dict(gpu=GPUSpec(name="H100-SXM5-80GB", peak_tflops={"bf16": 989.0}, hbm_GB=80,
-                        hbm_bw_GBps=3350),
-            intra=IntraNodeSpec(kind="nvswitch", bw_GBps=450, latency_us=3.4),
-            inter=InterNodeSpec(nics_per_node=8, nic_bw_GBps=50, latency_us=14.0,
-                                topology="rail_optimized"))
-LLAMA = {
-    "llama3_8b": dict(num_layers=32, hidden_size=4096, num_heads=32, ffn_hidden_size=14336),
-    "llama3_70b": dict(num_layers=80, hidden_size=8192, num_heads=64, ffn_hidden_size=28672),
-    "llama3_405b": dict(num_layers=126, hidden_size=16384, num_heads=128, ffn_hidden_size=53248),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.presets import dgx_h100, llama3
+from twin.spec import ParallelPlan, build_job
+
 JOBS = {
     "a": ("llama3_8b", 1, ParallelPlan(zero_stage=3), "none"),
     "b": ("llama3_70b", 128, ParallelPlan(tp=8, pp=4, global_batch_size=256), "none"),
@@ -42,10 +37,7 @@ def main() -> None:
           f"{'events':>10} {'wall s':>7} {'events/s':>9} {'step s':>8} {'MFU':>6}")
     for key in which:
         name, nodes, plan, fold = JOBS[key]
-        model = ModelSpec(name=name, num_kv_heads=8, vocab_size=128256, seq_len=8192,
-                          activation="swiglu", **LLAMA[name])
-        job = build_job(model, ClusterSpec(name="dgx_h100", num_nodes=nodes, gpus_per_node=8, **H100),
-                        plan)
+        job = build_job(llama3(name), dgx_h100(nodes), plan)
         t0 = time.perf_counter()
         s = simulate(job, options=SimOptions(fold=fold)).summary
         wall = time.perf_counter() - t0

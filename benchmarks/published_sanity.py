@@ -56,7 +56,8 @@ def main() -> None:
     register_schemas()
     quick = "--quick" in sys.argv
     print("Table 4: 22B per-layer times (ms), TP8, b=4, s=2048, A100")
-    print(f"{'technique':<26} {'fwd twin':>9} {'paper':>6} {'err':>6}  {'bwd twin':>9} {'paper':>6} {'err':>6}")
+    print(f"{'technique':<26} {'fwd twin':>9} {'paper':>6} {'err':>6}  "
+          f"{'bwd twin':>9} {'paper':>6} {'err':>6}")
     for name, ov, f_pub, b_pub in TABLE4:
         job = job_of("megatron_22b", ["parallel.micro_batch_size=4", "parallel.global_batch_size=4",
                                       "parallel.dp=1", "cluster.num_nodes=1", *ov])

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from twin.files import write_text_atomic
 from twin.schedule.ir import Op
 from twin.spec import ClusterSpec, GPUSpec
 
@@ -131,11 +132,7 @@ class CostModel:
 
     def save(self, path: str | Path) -> Path:
         """Write atomically: a half-written profile never replaces a good one."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-        tmp.replace(path)
-        return path
+        return write_text_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "profile") -> CostModel:

@@ -16,6 +16,8 @@ import json
 from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 
+from twin.files import write_text_atomic
+
 FORMAT = "paratwin-trace"
 VERSION = 1
 
@@ -77,15 +79,8 @@ class Trace:
     def save(self, path: str | Path) -> Path:
         """Write atomically (a temporary file renamed into place); ``.gz`` compresses."""
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        data = json.dumps(self.to_dict(), separators=(",", ":"))
-        if path.suffix == ".gz":
-            with gzip.open(tmp, "wt") as fh:
-                fh.write(data)
-        else:
-            tmp.write_text(data)
-        tmp.replace(path)
-        return path
+        return write_text_atomic(path, json.dumps(self.to_dict(), separators=(",", ":")),
+                                 compress=path.suffix == ".gz")
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "data") -> Trace:

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from twin.cli.config import job_from_cfg
 from twin.cli.simulate import load_profile
+from twin.files import write_json_atomic
 from twin.sim.run import simulate
 from twin.spec import ConfigError
 from twin.trace import Trace
@@ -69,9 +70,7 @@ def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough) -> 
             write_report([exec_dir, twin_dir], out=out / name / "report.html")
         except Exception as err:  # the figures are a bonus: a report failure keeps the result
             row["report_error"] = f"{type(err).__name__}: {err}"
-    tmp = done.with_name("result.json.tmp")
-    tmp.write_text(json.dumps(row, indent=2))
-    tmp.replace(done)
+    write_json_atomic(done, row)
     return row
 
 
@@ -124,8 +123,6 @@ def run(cfg) -> dict:
         into.append(run_one(f"{preset}-w{world}", preset, world, cfg, out, passthrough))
     figures = suite_figures(rows)
     result = {"figures": figures, "runs": rows, "information": info_rows, "out_dir": str(out)}
-    tmp = out / "validate.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(out / "validate.json")
+    write_json_atomic(out / "validate.json", result)
     print(json.dumps(result, indent=2) if fmt == "json" else format_table(rows, info_rows, figures))
     return result

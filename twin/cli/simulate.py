@@ -11,6 +11,7 @@ from twin.cli.config import job_from_cfg
 from twin.cli.main import CONF_DIR
 from twin.cli.progress import Progress
 from twin.cost import CostModel, default_cost_model
+from twin.files import write_json_atomic
 from twin.sim.engine import SimOptions
 from twin.sim.run import simulate
 from twin.spec import ConfigError
@@ -122,9 +123,7 @@ def run(cfg) -> dict:
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     result.trace.save(out / "spans.json")
     summary = dict(result.summary, out_dir=str(out))
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out / "summary.json")
+    write_json_atomic(out / "summary.json", summary)
     (out / "trace.json").write_text(json.dumps(chrome_trace(result.trace)))
     if cfg.get("report", True):
         try:

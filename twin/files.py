@@ -1,0 +1,26 @@
+"""Atomic file writes: a temporary file in the same folder renamed into place, so a reader
+(or a crash) never sees half a file and a good file is never half-overwritten."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+
+def write_text_atomic(path: str | Path, text: str, *, compress: bool = False) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if compress:
+        with gzip.open(tmp, "wt") as fh:
+            fh.write(text)
+    else:
+        tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def write_json_atomic(path: str | Path, data, indent: int | None = 2) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=indent, default=str,
+                                              separators=None if indent else (",", ":")))
