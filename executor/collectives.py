@@ -6,10 +6,11 @@ bytes/n); reduce_scatter's is the full input (each rank keeps bytes/n); all_to_a
 the send buffer (bytes/n to each peer); gather's and scatter's the full buffer at the
 root. Per-rank pieces round up to whole elements.
 
-Verification (``verify=True``): buffers are fp32 and filled with s * (c + 1) * 2**r (rank
-r, chunk c, s a salt from the op's name, the same on every member), so a sum over a group
-is s * (c + 1) times the bit mask of its members: a result from the wrong group, the
-wrong root or the wrong op cannot match. Exact in fp32 for worlds up to 16 ranks.
+Verification (``verify=True``): buffers are fp64 and rank r fills chunk c of its input
+with s * (2**r + c * 2**24), s a salt from the op's name (the same on every member). A sum
+over a group is then s * (the bit mask of its members + chunk terms), and a gathered or
+exchanged chunk names its sender and chunk: a result from the wrong group, the wrong
+root, the wrong chunk or the wrong op cannot match. Exact in fp64 for worlds up to 24.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch.distributed as dist
 from executor.kernels import torch_dtype
 from twin.schedule.ir import Op
 
-MAX_VERIFY_WORLD = 16
+MAX_VERIFY_WORLD = 24
+CHUNK_SHIFT = 2.0 ** 24
 _TAG_MASK = 0x3FFFFFFF
 
 
@@ -85,14 +87,18 @@ def _numel(nbytes: float, itemsize: int, parts: int = 1) -> int:
     return max(1, -(-int(round(nbytes)) // (itemsize * parts)))
 
 
+def _full(per: int, value: float) -> torch.Tensor:
+    return torch.full((per,), value, dtype=torch.float64)
+
+
 def _chunks(values: list[float], per: int) -> torch.Tensor:
-    return torch.cat([torch.full((per,), v) for v in values])
+    return torch.cat([_full(per, v) for v in values])
 
 
 def sent_value(op: Op, rank: int, chunk: int = 0) -> float:
     """The verification value ``rank`` puts in chunk ``chunk`` of its input of ``op``."""
     s = salt(op.tag if op.is_p2p else op.name)
-    return s * (chunk + 1) * 2.0 ** rank
+    return s * (2.0 ** rank + chunk * CHUNK_SHIFT)
 
 
 def expected(op: Op, rank: int, per: int) -> torch.Tensor | None:
@@ -101,26 +107,26 @@ def expected(op: Op, rank: int, per: int) -> torch.Tensor | None:
     if op.kind == "send":
         return None
     if op.kind == "recv":
-        return torch.full((per,), sent_value(op, op.peer))
+        return _full(per, sent_value(op, op.peer))
     group = op.group
     g = group.index(rank)
     root = group.index(op.root) if op.root >= 0 else 0
     if op.kind == "all_reduce":
-        return torch.full((per,), sum(sent_value(op, m) for m in group))
+        return _full(per, sum(sent_value(op, m) for m in group))
     if op.kind == "broadcast":
-        return torch.full((per,), sent_value(op, group[root]))
+        return _full(per, sent_value(op, group[root]))
     if op.kind == "reduce":
-        return torch.full((per,), sum(sent_value(op, m) for m in group)) if g == root else None
+        return _full(per, sum(sent_value(op, m) for m in group)) if g == root else None
     if op.kind in ("all_gather", "gather"):
         if op.kind == "gather" and g != root:
             return None
         return _chunks([sent_value(op, m) for m in group], per)
     if op.kind == "reduce_scatter":
-        return torch.full((per,), sum(sent_value(op, m, g) for m in group))
+        return _full(per, sum(sent_value(op, m, g) for m in group))
     if op.kind == "all_to_all":
         return _chunks([sent_value(op, m, g) for m in group], per)
     if op.kind == "scatter":
-        return torch.full((per,), sent_value(op, group[root], g))
+        return _full(per, sent_value(op, group[root], g))
     raise ValueError(f"{op.name}: {op.kind} is not a collective or p2p op")
 
 
@@ -130,7 +136,7 @@ def check(op: Op, rank: int, issued: Issued) -> None:
         return
     n = 1 if op.is_p2p or op.kind in ("all_reduce", "broadcast", "reduce", "reduce_scatter",
                                       "scatter") else len(op.group)
-    got = issued.result.float().cpu()
+    got = issued.result.double().cpu()
     want = expected(op, rank, got.numel() // n)
     if want is None:
         return
@@ -156,7 +162,7 @@ def issue(pg, op: Op, rank: int, pool: BufferPool, verify: bool = False,
     ``pair=False``, every rank (the peer is then a global rank). With ``verify`` the
     inputs hold ``sent_value`` and the outputs -1 until the op writes them.
     """
-    dtype = torch.float32 if verify else torch_dtype(op.dtype)
+    dtype = torch.float64 if verify else torch_dtype(op.dtype)
     e = dtype.itemsize
     if op.is_p2p:
         buf = pool.take(_numel(op.bytes, e), dtype)
@@ -225,5 +231,5 @@ class _Cat:
     def __init__(self, parts: list[torch.Tensor]):
         self.parts = parts
 
-    def float(self) -> torch.Tensor:
-        return torch.cat(self.parts).float()
+    def double(self) -> torch.Tensor:
+        return torch.cat(self.parts).double()

@@ -101,8 +101,9 @@ def _gloo(store, name: str, group: tuple[int, ...], rank: int, timeout: datetime
 
 
 def build_comms(programs: dict[int, Program], rank: int, world_size: int, store, backend: str,
-                timeout_s: float, loopback: bool = False) -> Comms:
-    """Build this rank's communicators; every rank must call this with the same programs."""
+                timeout_s: float, loopback: bool = False, prefix: str = "replay") -> Comms:
+    """Build this rank's communicators; every rank must call this with the same programs
+    (and a ``prefix`` not used before in this store, when building several sets)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     comms = Comms(rank=rank, backend=backend)
     if backend not in ("gloo", "nccl"):
@@ -114,7 +115,8 @@ def build_comms(programs: dict[int, Program], rank: int, world_size: int, store,
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
     for name, group, (which, key) in wanted:
         if backend == "gloo":
-            pg = _gloo(store, name, group, rank, timeout, loopback) if rank in group else None
+            pg = _gloo(store, f"{prefix}/{name}", group, rank, timeout, loopback) \
+                if rank in group else None
         else:
             new = dist.new_group(list(group), timeout=timeout, backend="nccl")
             pg = new._get_backend(device) if rank in group else None

@@ -8,8 +8,11 @@ RUN_DIR/
   progress.bin    the progress board (progress.py)
   logs/rankN.log  each rank's stdout and stderr (local runs)
   errors/rankN.json  a rank's error report: type, message, traceback, phase, step, op
-  trace.json      the measured steps' spans (rewritten after every completed step)
+  spans.json      the paratwin trace of the measured steps (rewritten after every completed step)
+  trace.json      its Chrome/Perfetto export (twin.trace.chrome_trace; idem)
   summary.json    twin.metrics.summarize of the trace plus executor fields (idem)
+
+The same names as `paratwin simulate` writes, so twin and executor run directories read alike.
 ```
 """
 
@@ -23,15 +26,17 @@ CONFIG = "config.yaml"
 SCHEDULE = "schedule.json"
 SETTINGS = "run.json"
 PROGRESS = "progress.bin"
-TRACE = "trace.json"
+TRACE = "spans.json"
+CHROME = "trace.json"
 SUMMARY = "summary.json"
 
 
-def write_json(path: str | Path, data) -> Path:
+def write_json(path: str | Path, data, indent: int | None = 2) -> Path:
     """Write JSON atomically: a temporary file renamed into place."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.write_text(json.dumps(data, indent=indent, default=str,
+                              separators=None if indent else (",", ":")))
     tmp.replace(path)
     return path
 
@@ -70,6 +75,6 @@ def prepare(run_dir: str | Path) -> Path:
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
         for old in (run_dir / sub).iterdir():
             old.unlink()
-    for name in (TRACE, SUMMARY, PROGRESS, "store"):
+    for name in (TRACE, CHROME, SUMMARY, PROGRESS, "store"):
         (run_dir / name).unlink(missing_ok=True)
     return run_dir

@@ -8,8 +8,8 @@ spread of the barrier exits (``barrier_exit_spread_us`` in the meta: 0.1-2 ms on
 2-core host) is what aligning by the barrier alone would have cost. Across hosts the
 clocks differ, so each rank's step origin is taken to be rank 0's: the error is that
 spread (a network latency plus scheduling). After each measured step rank 0 gathers every
-rank's op times and rewrites trace.json and summary.json atomically, so a failure later
-keeps the completed steps.
+rank's op times and rewrites spans.json (the trace), trace.json (its Chrome export) and
+summary.json atomically, so a failure later keeps the completed steps.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import torch.distributed as dist
 from executor.groups import build_comms
 from executor.rank import RankContext
 from executor.replay import Fault, Replayer
-from executor.rundir import SCHEDULE, SUMMARY, TRACE, write_json
+from executor.rundir import CHROME, SCHEDULE, SUMMARY, TRACE, write_json
 from twin.metrics import summarize
 from twin.schedule.ir import Schedule
 from twin.spec.io import job_to_dict
-from twin.trace import Span, Trace
+from twin.trace import Span, Trace, chrome_trace
 
 
 def spans_of(program, step: int, times: list[tuple[int, int]], base_us: float) -> list[Span]:
@@ -123,6 +123,7 @@ def replay_task(ctx: RankContext) -> None:
         if one_host:
             trace.meta["barrier_exit_spread_us"] = spread
         trace.save(ctx.run_dir / TRACE)
+        write_json(ctx.run_dir / CHROME, chrome_trace(trace), indent=None)
         summary = summarize(trace, job)
         summary.update({
             "source": "executor", "backend": ctx.backend, "device": trace.meta["device"],

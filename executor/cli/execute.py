@@ -91,7 +91,7 @@ def check_job(job, programs: dict, settings: dict, local: bool) -> None:
         if not 0 <= step < total:
             problems.append(f"fault.step={step} is outside the {total} steps (warm-up included)")
     if settings["verify"] and world > MAX_VERIFY_WORLD:
-        problems.append(f"verify=true checks exact sums of 2**rank in fp32, which holds up to "
+        problems.append(f"verify=true checks exact sums of 2**rank in fp64, which holds up to "
                         f"{MAX_VERIFY_WORLD} ranks; this job has {world}")
     if local:
         import torch
@@ -161,8 +161,8 @@ def format_summary(job, summary: dict, run_dir: Path) -> str:
             f"{g} {v * ms:.2f} ms" for g, v in summary["exposed_comm_s"].items()))
     if summary.get("verify"):
         lines.append("verify: every collective and p2p result checked")
-    lines.append(f"run directory: {run_dir} (trace.json, summary.json, config.yaml, "
-                 "schedule.json, logs/)")
+    lines.append(f"run directory: {run_dir} (spans.json: the trace; trace.json: Chrome/Perfetto; "
+                 "summary.json, config.yaml, schedule.json, logs/)")
     return "\n".join(lines)
 
 
