@@ -39,7 +39,8 @@ def run(cfg) -> dict:
         if int(cfg.get(key)) < 1:
             raise ConfigError(f"{key}={cfg.get(key)} must be at least 1")
     opts = Options(max_spans=int(cfg.max_spans), max_timelines=int(cfg.max_timelines),
-                   chrome=bool(cfg.chrome), title=cfg.get("title"), png=bool(cfg.get("png")))
+                   chrome=bool(cfg.chrome), title=cfg.get("title"), png=bool(cfg.get("png")),
+                   cluster=cfg.get("cluster"))
     try:
         done = build(runs, cfg.get("out"), opts)
     except (FileNotFoundError, NotADirectoryError, ValueError, RuntimeError) as err:

@@ -54,6 +54,8 @@ class PageResult:
     """Navigation start to the probe's 'ready' (every figure drawn), as the page measured it."""
     wall_s: float = 0.0
     screenshot: Path | None = None
+    values: dict = field(default_factory=dict)
+    """Results of the ``evaluate`` expressions, by name."""
 
 
 class Browser:
@@ -155,10 +157,12 @@ class Browser:
     # -- pages ------------------------------------------------------------------------------
     def open(self, html: Path, screenshot: Path | None = None, width: int = 1400,
              max_height: int = 9000, timeout_s: float | None = None,
-             elements: dict[str, Path] | None = None) -> PageResult:
+             elements: dict[str, Path] | None = None,
+             evaluate: dict[str, str] | None = None) -> PageResult:
         """Load ``html``, wait until its probe says every figure is drawn, read the probe and
         the page's errors, and optionally save a full-page PNG and PNGs of single elements
-        (``elements``: CSS selector -> file)."""
+        (``elements``: CSS selector -> file). ``evaluate``: name -> JavaScript expression
+        (a promise is awaited) run once the page is ready."""
         t0 = time.monotonic()
         limit = timeout_s or self.timeout_s
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -170,14 +174,22 @@ class Browser:
                       "deviceScaleFactor": 1, "mobile": False}, session=sid)
             self.call("Page.navigate", {"url": Path(html).resolve().as_uri()}, session=sid)
             probe = self._wait_probe(sid, t0 + limit)
-            errors = self._drain_errors(sid) + list(probe.get("errors", []))
+            values = {}
+            for name, expr in (evaluate or {}).items():
+                res = self.call("Runtime.evaluate", {"expression": expr, "awaitPromise": True,
+                                "returnByValue": True}, session=sid, timeout_s=limit)
+                if "exceptionDetails" in res:
+                    raise BrowserError(f"evaluating {name!r} failed: "
+                                       f"{res['exceptionDetails'].get('text', '')}")
+                values[name] = res.get("result", {}).get("value")
+            errors = self._drain_errors(sid) + [e for e in probe.get("errors", [])]
             shot = None
             if screenshot is not None:
                 shot = self._screenshot(sid, Path(screenshot), width, max_height)
             for selector, path in (elements or {}).items():
                 self._element_shot(sid, selector, Path(path))
             return PageResult(probe=probe, errors=errors, load_ms=float(probe.get("ready_ms", 0)),
-                              wall_s=time.monotonic() - t0, screenshot=shot)
+                              wall_s=time.monotonic() - t0, screenshot=shot, values=values)
         finally:
             self.call("Target.closeTarget", {"targetId": target})
 

@@ -30,6 +30,8 @@ class Options:
     chrome: bool = True
     """Write each traced run's Chrome/Perfetto export (trace.json) into its directory."""
     title: str | None = None
+    cluster: str | None = None
+    """Calibration: the conf/cluster preset the benchmarks ran on, when the directory does not say."""
     png: bool = False
     """Also write one PNG per figure (kaleido + the system's chromium) into REPORT-png/."""
 
@@ -114,28 +116,41 @@ def sweep_sections(runs: list[rd.Run]) -> list[Section]:
     return [Section("sweep", "sweep", _html.escape(note), figs)]
 
 
-def calibration_sections(runs: list[rd.Run]) -> list[Section]:
+def calibration_sections(runs: list[rd.Run], cluster: str | None = None) -> list[Section]:
     out = []
     for r in runs:
         if r.bench_csvs:
-            figs, note = calibration.calibration_figures(r)
+            figs, note = calibration.calibration_figures(r, cluster)
             out.append(Section(f"calibration-{len(out)}", f"calibration: {r.name}", _html.escape(
                 f"{len(r.bench_csvs)} benchmark table(s): "
                 f"{', '.join(p.name for p in r.bench_csvs)}; {note}"), figs))
     return out
 
 
+def summary_sections(runs: list[rd.Run]) -> list[Section]:
+    if not any(r.summary for r in runs):
+        return []
+    fig = summary.breakdown_figure(runs)
+    return [Section("summary", "summary", "The numbers to quote (median step).",
+                    [fig] if fig else [], html=summary.summary_table(runs))]
+
+
 def sections(runs: list[rd.Run], opts: Options) -> list[Section]:
-    """Every section the runs' contents call for, in reading order."""
+    """Every section the runs' contents call for, in reading order. A part that fails
+    becomes a note in the report (and a warning), never a lost report."""
+    parts = [("summary", lambda: summary_sections(runs)),
+             ("timeline and memory", lambda: trace_sections(runs, opts)),
+             ("twin vs real", lambda: overlay_sections(runs, opts)),
+             ("sweep", lambda: sweep_sections(runs)),
+             ("calibration", lambda: calibration_sections(runs, opts.cluster))]
     out: list[Section] = []
-    if any(r.summary for r in runs):
-        fig = summary.breakdown_figure(runs)
-        out.append(Section("summary", "summary", "The numbers to quote (median step).",
-                           [fig] if fig else [], html=summary.summary_table(runs)))
-    out += trace_sections(runs, opts)
-    out += overlay_sections(runs, opts)
-    out += sweep_sections(runs)
-    out += calibration_sections(runs)
+    for name, make in parts:
+        try:
+            out += make()
+        except Exception as err:  # noqa: BLE001 - one broken part must not cost the others
+            msg = f"the {name} part could not be drawn: {type(err).__name__}: {err}"
+            print(f"paratwin report: warning: {msg}", file=sys.stderr)
+            out.append(Section(f"failed-{len(out)}", f"{name} (failed)", _html.escape(msg)))
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import re
 from collections import defaultdict
@@ -18,14 +19,16 @@ from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
+import yaml
 from plotly.subplots import make_subplots
 
 from twin.cost import CostModel, default_cost_model
-from twin.report.rundir import Run, csv_kind
-from twin.schedule.ir import Op, Program
+from twin.report.rundir import Run, cluster_from_config, csv_kind
+from twin.schedule.ir import COLLECTIVE_KINDS, COMPUTE_KINDS, Op, Program
 from twin.sim.engine import SimOptions, Simulation
 from twin.spec import ClusterSpec, ModelSpec, ParallelPlan, build_job
 
+MODELLED = (*COLLECTIVE_KINDS, "sendrecv")
 SIZE_COLORS = ("#3366CC", "#DC3912", "#FF9900", "#109618", "#990099", "#0099C6", "#DD4477")
 
 
@@ -48,14 +51,48 @@ def read_rows(path: Path) -> list[dict]:
     return out
 
 
-def load_profile(run: Run) -> tuple[CostModel | None, str]:
+CONF_CLUSTERS = Path(__file__).resolve().parents[2] / "conf" / "cluster"
+
+
+def preset_cluster(name: str) -> ClusterSpec:
+    """A cluster preset of conf/cluster/ by name (its fields over the spec's defaults)."""
+    path = CONF_CLUSTERS / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(p.stem for p in CONF_CLUSTERS.glob("*.yaml"))
+        raise ValueError(f"cluster={name} is not a preset; choose one of {', '.join(names)}")
+    cluster = cluster_from_config(yaml.safe_load(path.read_text()) or {})
+    if cluster is None:
+        raise ValueError(f"{path} is not a valid cluster preset")
+    return cluster
+
+
+def bench_cluster(run: Run, name: str | None = None) -> tuple[ClusterSpec | None, str]:
+    """The cluster the benchmarks ran on: ``name`` (a preset), the directory's config, or,
+    for a gloo bench (meta.json), cpu_local with its world size; else none."""
+    if name:
+        return preset_cluster(name), f"cluster {name} (given)"
+    if run.cluster is not None:
+        return run.cluster, f"cluster {run.cluster.name} (config.yaml)"
+    meta_path = run.path / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        meta = {}
+    if meta.get("backend") == "gloo":
+        base = preset_cluster("cpu_local")
+        n = int(meta.get("world_size") or base.gpus_per_node)
+        return dataclasses.replace(base, gpus_per_node=n), \
+            f"cluster cpu_local with {n} ranks (meta.json says gloo; give cluster=NAME otherwise)"
+    return None, ""
+
+
+def load_profile(run: Run, cluster: ClusterSpec | None) -> tuple[CostModel | None, str]:
     """The run's profile YAML, else the cluster's published defaults, else none."""
     if run.profile_path is not None:
         cost = CostModel.load(run.profile_path)
         return cost, f"profile {run.profile_path.name} ({cost.name})"
-    if run.job is not None:
-        cost = default_cost_model(run.job.cluster)
-        return cost, f"default cost model of {run.job.cluster.name} (no profile YAML in the directory)"
+    if cluster is not None:
+        return default_cost_model(cluster), "the cluster's default cost model (no profile YAML)"
     return None, ""
 
 
@@ -67,8 +104,16 @@ def collective_time(kind: str, n: int, nbytes: float, cluster: ClusterSpec, cost
     dtype = next(iter(cluster.gpu.peak_tflops))
     job = build_job(ModelSpec(dtype=dtype), cl, ParallelPlan())
     members = tuple(range(n))
-    progs = {r: Program(r, [Op(name="bench", kind=kind, stream="comm", phase="opt", bytes=nbytes,
-                               group=members, group_name="bench", root=0)]) for r in members}
+    if kind == "sendrecv":  # one message from rank 0 to rank 1
+        members = (0, 1)
+        progs = {0: Program(0, [Op(name="s", kind="send", stream="p2p", bytes=nbytes, peer=1,
+                                   tag="bench", group_name="bench")]),
+                 1: Program(1, [Op(name="r", kind="recv", stream="p2p", bytes=nbytes, peer=0,
+                                   tag="bench", group_name="bench")])}
+    else:
+        progs = {r: Program(r, [Op(name="bench", kind=kind, stream="comm", phase="opt",
+                                   bytes=nbytes, group=members, group_name="bench", root=0)])
+                 for r in members}
     sim = Simulation(job, progs, cost, SimOptions(), {r: [r] for r in members})
     return sim.run()
 
@@ -77,9 +122,14 @@ def _shape(text) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", str(text)))
 
 
+def base_kind(kind) -> str:
+    """'attention.bwd' -> 'attention': the cost model's kind of a benchmarked kernel."""
+    return str(kind).split(".")[0]
+
+
 def kernel_time(row: dict, cluster: ClusterSpec, cost: CostModel) -> float:
     """``CostModel.compute_time`` of a synthetic op with the benchmark row's figures."""
-    op = Op(name="bench", kind=str(row["kind"]), stream="compute", shape=_shape(row.get("shape", "")),
+    op = Op(name="bench", kind=base_kind(row["kind"]), stream="compute", shape=_shape(row.get("shape", "")),
             dtype=str(row.get("dtype") or next(iter(cluster.gpu.peak_tflops))),
             flops=float(row.get("flops") or 0.0), bytes=float(row.get("bytes") or 0.0))
     return cost.compute_time(op, cluster.gpu)
@@ -125,7 +175,7 @@ def collective_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostM
                 name=f"{name} measured", legendgroup=name, showlegend=i == 0,
                 hovertemplate=f"{kind}, {name}<br>%{{x:.4s}}B: %{{y:,.1f}} us<extra>measured</extra>"),
                 row=row, col=col)
-            if cluster is None or cost is None or n < 2:
+            if cluster is None or cost is None or n < 2 or kind not in MODELLED:
                 continue
             lo, hi = pts[0]["bytes"], pts[-1]["bytes"]
             xs = np.geomspace(max(lo, 1.0), max(hi, lo * 2, 2.0), 24)
@@ -171,12 +221,13 @@ def kernel_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel
                 legendgroup=name, showlegend=i == 0, text=[str(p.get("shape", "")) for p in pts],
                 hovertemplate=f"{kind} {dt} %{{text}}<br>%{{x:.4s}}{'FLOP' if use_flops else 'B'}: "
                               "%{y:,.1f} us<extra>measured</extra>"), row=row, col=col)
-            if cluster is None or cost is None:
+            if cluster is None or cost is None or base_kind(kind) not in COMPUTE_KINDS:
                 continue
             fig.add_trace(go.Scatter(
-                x=xs, y=[kernel_time(p, cluster, cost) * 1e6 for p in pts], mode="lines",
-                line={"color": c, "width": 1.5}, name=f"{name} model", legendgroup=name,
-                showlegend=i == 0, hovertemplate="%{y:,.1f} us<extra>model</extra>"), row=row, col=col)
+                x=xs, y=[kernel_time(p, cluster, cost) * 1e6 for p in pts], mode="lines+markers",
+                line={"color": c, "width": 1.5}, marker={"symbol": "circle-open", "size": 8},
+                name=f"{name} model", legendgroup=name, showlegend=i == 0,
+                hovertemplate="%{y:,.1f} us<extra>model</extra>"), row=row, col=col)
         fig.update_xaxes(type="log", title_text="FLOPs" if use_flops else "bytes moved", row=row, col=col)
         fig.update_yaxes(type="log", title_text="time (us)", row=row, col=col)
     fig.update_layout(title={"text": "kernels: measured (points) and the cost model (lines)",
@@ -185,10 +236,10 @@ def kernel_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel
     return fig
 
 
-def calibration_figures(run: Run) -> tuple[list[go.Figure], str]:
+def calibration_figures(run: Run, cluster_name: str | None = None) -> tuple[list[go.Figure], str]:
     """The figures of one directory's benchmark CSVs, and a note on the model used."""
-    cost, where = load_profile(run)
-    cluster = run.job.cluster if run.job is not None else None
+    cluster, on = bench_cluster(run, cluster_name)
+    cost, where = load_profile(run, cluster)
     coll = [r for p in run.bench_csvs if csv_kind(p) == "collective" for r in read_rows(p)]
     kern = [r for p in run.bench_csvs if csv_kind(p) == "kernel" for r in read_rows(p)]
     figs = []
@@ -196,7 +247,7 @@ def calibration_figures(run: Run) -> tuple[list[go.Figure], str]:
         figs.append(collective_figure(coll, cluster, cost))
     if kern:
         figs.append(kernel_figure(kern, cluster, cost))
-    note = f"model: {where}" if cluster is not None and cost is not None else \
-        ("no config.yaml with a cluster in the directory, so only the measured points are drawn "
-         "(write the bench's resolved config there to draw the model)")
+    note = f"model: {where} on {on}" if cluster is not None and cost is not None else \
+        ("the directory does not say which cluster the benchmarks ran on, so only the measured "
+         "points are drawn; give cluster=NAME (a conf/cluster preset) to draw the model")
     return figs, note

@@ -64,7 +64,7 @@ PROBE_TAIL = """<pre id="paratwin-probe" hidden></pre>
     const t0 = performance.now();
     (function poll() {
       const plots = Array.from(document.querySelectorAll('.js-plotly-plot'));
-      const drawn = plots.every(gd => gd._fullLayout && gd._fullData);
+      const drawn = plots.every(gd => gd._fullLayout && gd._fullData && gd.dataset.lod !== 'pending');
       if (!drawn && performance.now() - t0 < 20000) { setTimeout(poll, 50); return; }
       requestAnimationFrame(() => requestAnimationFrame(ready));
     })();
@@ -75,13 +75,17 @@ PROBE_TAIL = """<pre id="paratwin-probe" hidden></pre>
 
 @dataclass
 class Section:
-    """One titled part of the report: a note and its figures (or ready HTML)."""
+    """One titled part of the report: a note and its figures (or ready HTML). A figure may
+    come with HTML to place after its div (``__DIV__`` there stands for the div's id)."""
 
     key: str
     title: str
     note: str = ""
-    figures: list[go.Figure] = field(default_factory=list)
+    figures: list[go.Figure | tuple[go.Figure, str]] = field(default_factory=list)
     html: str = ""
+
+    def plain_figures(self) -> list[go.Figure]:
+        return [f[0] if isinstance(f, tuple) else f for f in self.figures]
 
 
 def render(title: str, subtitle: str, sections: list[Section]) -> str:
@@ -99,11 +103,13 @@ def render(title: str, subtitle: str, sections: list[Section]) -> str:
             parts.append(f"<p class='note'>{s.note}</p>")
         if s.html:
             parts.append(s.html)
-        for fig in s.figures:
+        for item in s.figures:
             n += 1
+            fig, after = item if isinstance(item, tuple) else (item, "")
+            div = f"fig-{s.key}-{n}"
             parts.append("<div class='figure'>" + fig.to_html(
-                full_html=False, include_plotlyjs=False, div_id=f"fig-{s.key}-{n}",
-                config=PLOT_CONFIG) + "</div>")
+                full_html=False, include_plotlyjs=False, div_id=div, config=PLOT_CONFIG)
+                + after.replace("__DIV__", div) + "</div>")
     parts += [PROBE_TAIL, "</body></html>"]
     return "\n".join(parts)
 

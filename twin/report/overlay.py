@@ -13,7 +13,18 @@ import plotly.graph_objects as go
 from twin.metrics import MEMORY
 from twin.report import style
 from twin.report.html import kv_table
-from twin.report.timeline import GL_SPANS, MAX_SPANS, Lanes, add_spans, height_for, layout
+from twin.report.lod import add_lod
+from twin.report.timeline import (
+    GL_SPANS,
+    HOVER,
+    MAX_SPANS,
+    Lanes,
+    add_bars,
+    height_for,
+    layout,
+    lod_series,
+    x_range,
+)
 from twin.trace import Span, Trace
 
 MAX_SCATTER = 20_000
@@ -144,7 +155,7 @@ def aligned(j: Join) -> tuple[list[Span], list[Span]]:
 
 
 def side_by_side(j: Join, names: tuple[str, str], max_spans: int = MAX_SPANS) \
-        -> tuple[go.Figure, str]:
+        -> tuple[go.Figure | tuple[go.Figure, str], str]:
     """Each rank's lanes twice, one under the other: the first trace, then the second."""
     sa, sb = aligned(j)
     note = ""
@@ -156,14 +167,19 @@ def side_by_side(j: Join, names: tuple[str, str], max_spans: int = MAX_SPANS) \
         note = f"showing {len(keep)} of {len(steps)} steps (max_spans)"
     lanes = Lanes.of([(names[0], sa), (names[1], sb)])
     height, line_px = height_for(len(lanes.labels))
-    gl = len(sa) * 2 > GL_SPANS
     fig = go.Figure()
-    add_spans(fig, sa, lambda s: lanes.index[(s.rank, s.stream, 0)], gl, line_px)
-    add_spans(fig, sb, lambda s: lanes.index[(s.rank, s.stream, 1)], gl, line_px, opacity=0.7,
-              legend=False)
+    lane_a = lambda s: lanes.index[(s.rank, s.stream, 0)]  # noqa: E731
+    lane_b = lambda s: lanes.index[(s.rank, s.stream, 1)]  # noqa: E731
+    after = ""
+    if len(sa) * 2 > GL_SPANS:
+        series = lod_series(sa, lane_a) + lod_series(sb, lane_b, 0.7, False, f" · {names[1]}")
+        after = add_lod(fig, series, len(lanes.labels), x_range(sa + sb), line_px, HOVER)
+    else:
+        add_bars(fig, sa, lane_a)
+        add_bars(fig, sb, lane_b, opacity=0.7, legend=False)
     layout(fig, lanes, f"{names[0]} and {names[1]} lane by lane (each step of {names[1]} shifted "
                        f"to start with {names[0]}'s)", height)
-    return fig, note
+    return ((fig, after) if after else fig), note
 
 
 def match_text(j: Join, names: tuple[str, str]) -> str:

@@ -30,7 +30,7 @@ def export_png(sections: list[Section], directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     figs, paths = [], []
     for s in sections:
-        for i, fig in enumerate(s.figures, start=1):
+        for i, fig in enumerate(s.plain_figures(), start=1):
             slug = re.sub(r"[^a-z0-9]+", "-", s.key.lower()).strip("-")
             figs.append(fig)
             paths.append(directory / f"{len(paths) + 1:02d}-{slug}-{i}.png")

@@ -49,6 +49,8 @@ class Run:
     job: Job | None = None
     bench_csvs: list[Path] = field(default_factory=list)
     profile_path: Path | None = None
+    cluster: ClusterSpec | None = None
+    """The job's cluster, or the config's cluster node alone (bench directories)."""
 
     @property
     def name(self) -> str:
@@ -141,14 +143,22 @@ def _build(cls, data: dict):
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
+def cluster_from_config(c: dict) -> ClusterSpec | None:
+    """A ClusterSpec from a config's ``cluster`` node (fields it lacks take their defaults)."""
+    try:
+        c = {k: v for k, v in dict(c).items() if k != "defaults"}
+        return _build(ClusterSpec, {**c, "gpu": _build(GPUSpec, c.get("gpu") or {}),
+                                    "intra": _build(IntraNodeSpec, c.get("intra") or {}),
+                                    "inter": _build(InterNodeSpec, c.get("inter") or {})})
+    except Exception:  # noqa: BLE001 - a malformed cluster: none, the report degrades
+        return None
+
+
 def job_from_config(cfg: dict) -> Job | None:
     """The job of a resolved config or a trace's ``meta.job``; None when it cannot be built
     (the report then leaves out what needs it, rather than failing)."""
     try:
-        c = dict(cfg["cluster"])
-        cluster = _build(ClusterSpec, {**c, "gpu": _build(GPUSpec, c["gpu"]),
-                                       "intra": _build(IntraNodeSpec, c["intra"]),
-                                       "inter": _build(InterNodeSpec, c["inter"])})
+        cluster = cluster_from_config(cfg["cluster"])
         return build_job(_build(ModelSpec, cfg["model"]), cluster,
                          _build(ParallelPlan, cfg["parallel"]))
     except Exception:  # noqa: BLE001 - any malformed config: no job, the report degrades
@@ -209,6 +219,9 @@ def load(path: str | Path) -> Run:
             run.job = job_from_config(cfg)
             if run.job is not None:
                 break
+    run.cluster = run.job.cluster if run.job is not None else (
+        cluster_from_config(run.config["cluster"]) if isinstance(run.config, dict) and
+        isinstance(run.config.get("cluster"), dict) else None)
     if run.summary is None and run.trace is not None and run.job is not None and \
             any(s.kind not in ("alloc", "free") for s in run.trace.spans):
         run.summary = summarize(run.trace, run.job)

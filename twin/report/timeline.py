@@ -1,9 +1,9 @@
 """The timeline: one lane per rank and stream, bars coloured by phase or collective, idle shaded.
 
 Bars are ``go.Bar(base=start, x=duration)`` on a linear microsecond axis (``px.timeline``
-would force dates). Past ``GL_SPANS`` spans each category becomes WebGL line segments
-(start, end, gap) plus an invisible marker per span that carries the hover, so a
-200,000-span trace stays responsive. Past ``max_spans`` only the first steps are drawn.
+would force dates). Past ``GL_SPANS`` spans the figure switches to WebGL segments drawn at
+the zoom's level of detail (twin/report/lod.py), so a 200,000-span trace stays responsive.
+Past ``max_spans`` only the first steps are drawn.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import plotly.graph_objects as go
 
 from twin.metrics import COMPUTE, MEMORY
 from twin.report import style
+from twin.report.lod import Series, add_lod
 from twin.trace import Span, Trace
 
 GL_SPANS = 4000
-"""More timed spans than this: WebGL segments instead of SVG bars."""
+"""More timed spans than this: WebGL segments at the zoom's level of detail, not SVG bars."""
 MAX_SPANS = 400_000
 """More than this: draw the first steps only (the note says which)."""
 HOVER = ("<b>%{text}</b><br>rank %{customdata[0]:d} · step %{customdata[1]:d} · layer "
@@ -105,34 +106,38 @@ def _arrays(spans: list[Span], lane_of) -> dict[str, np.ndarray]:
             "text": [s.op for s in spans]}
 
 
-def add_spans(fig: go.Figure, spans: list[Span], lane_of, gl: bool, line_px: float,
-              opacity: float = 1.0, legend: bool = True, row: int | None = None,
-              col: int | None = None) -> None:
-    """One trace (two with WebGL) per category of ``spans``, in legend order."""
+def by_category(spans: list[Span]) -> dict[str, list[Span]]:
+    """Spans per legend entry, in legend order (idle first: it lies under the ops)."""
     groups: dict[str, list[Span]] = defaultdict(list)
     for s in spans:
         groups["idle" if s.kind == "idle" else style.category(s)].append(s)
-    where = {"row": row, "col": col} if row is not None else {}
-    for cat in sorted(groups, key=lambda c: (c != "idle", style.category_key(c))):
-        a, colour = _arrays(groups[cat], lane_of), style.color(cat)
-        op = opacity * (0.9 if cat == "idle" else 1.0)
-        if not gl:
-            fig.add_trace(go.Bar(
-                orientation="h", base=a["start"], x=a["end"] - a["start"], y=a["lane"], width=0.8,
-                name=cat, legendgroup=cat, showlegend=legend, marker_color=colour, opacity=op,
-                marker_line_width=0, text=a["text"], textposition="none", customdata=a["custom"],
-                hovertemplate=HOVER), **where)
-            continue
-        nan = np.full(len(a["start"]), np.nan)
-        fig.add_trace(go.Scattergl(
-            x=np.column_stack([a["start"], a["end"], nan]).ravel(),
-            y=np.column_stack([a["lane"], a["lane"], nan]).ravel(), mode="lines",
-            line={"color": colour, "width": line_px}, opacity=op, name=cat, legendgroup=cat,
-            showlegend=legend, hoverinfo="skip", connectgaps=False), **where)
-        fig.add_trace(go.Scattergl(
-            x=(a["start"] + a["end"]) / 2, y=a["lane"], mode="markers", name=cat, legendgroup=cat,
-            showlegend=False, marker={"color": colour, "size": max(line_px, 4), "opacity": 0.0},
-            text=a["text"], customdata=a["custom"], hovertemplate=HOVER), **where)
+    return {c: groups[c] for c in sorted(groups, key=lambda c: (c != "idle", style.category_key(c)))}
+
+
+def add_bars(fig: go.Figure, spans: list[Span], lane_of, opacity: float = 1.0,
+             legend: bool = True) -> None:
+    """One SVG bar trace per category of ``spans``."""
+    for cat, members in by_category(spans).items():
+        a = _arrays(members, lane_of)
+        fig.add_trace(go.Bar(
+            orientation="h", base=a["start"], x=a["end"] - a["start"], y=a["lane"], width=0.8,
+            name=cat, legendgroup=cat, showlegend=legend, marker_color=style.color(cat),
+            opacity=opacity * (0.9 if cat == "idle" else 1.0), marker_line_width=0, text=a["text"],
+            textposition="none", customdata=a["custom"], hovertemplate=HOVER))
+
+
+def lod_series(spans: list[Span], lane_of, opacity: float = 1.0, legend: bool = True,
+               suffix: str = "") -> list[Series]:
+    """The level-of-detail series of ``spans``, one per category."""
+    return [Series(cat + suffix, style.color(cat), members, lane_of,
+                   opacity * (0.9 if cat == "idle" else 1.0), legend, group=cat)
+            for cat, members in by_category(spans).items()]
+
+
+def x_range(spans: list[Span]) -> tuple[float, float]:
+    t0, t1 = min(s.start_us for s in spans), max(s.end_us for s in spans)
+    pad = (t1 - t0) * 0.01 or 1.0
+    return t0 - pad, t1 + pad
 
 
 def step_marks(fig: go.Figure, spans: list[Span]) -> None:
@@ -167,19 +172,25 @@ def height_for(lanes: int) -> tuple[int, float]:
 
 
 def timeline(trace: Trace, title: str = "", max_spans: int = MAX_SPANS,
-             gl: bool | None = None) -> tuple[go.Figure, str]:
-    """The timeline figure of one trace, and a note when it draws only some steps."""
+             lod: bool | None = None) -> tuple[go.Figure | tuple[go.Figure, str], str]:
+    """The timeline figure of one trace (with its level-of-detail script when big), and a
+    note when it draws only some steps."""
     spans, note = limit_steps(trace, max_spans)
     if not spans:
         raise ValueError("the trace has no timed spans to draw (only memory events)")
     idle = idle_gaps(spans)
     lanes = Lanes.of([("", spans)])
     height, line_px = height_for(len(lanes.labels))
-    use_gl = len(spans) + len(idle) > GL_SPANS if gl is None else gl
     fig = go.Figure()
     lane_of = lambda s: lanes.index[(s.rank, s.stream, 0)]  # noqa: E731
-    add_spans(fig, idle + spans, lane_of, use_gl, line_px)
+    big = len(spans) + len(idle) > GL_SPANS if lod is None else lod
+    after = ""
+    if big:
+        after = add_lod(fig, lod_series(idle + spans, lane_of), len(lanes.labels),
+                        x_range(spans), line_px, HOVER)
+    else:
+        add_bars(fig, idle + spans, lane_of)
     if len(trace.steps()) > 1:
         step_marks(fig, spans)
     layout(fig, lanes, title, height)
-    return fig, note
+    return ((fig, after) if after else fig), note
