@@ -22,10 +22,10 @@ PALETTE = ("#3366CC", "#DC3912", "#109618", "#990099", "#0099C6", "#DD4477", "#6
 
 def family(run: Run) -> str:
     """A plan without its data-parallel degree: the runs of a GPU sweep share it."""
+    if run.job is None:
+        return "plan unknown (no config.yaml)"
     label = re.sub(r"\bdp\d+\s*", "", plan_label(run)).strip()
-    if run.job is not None:
-        label = f"{run.job.model.name}, {label or 'dp'}"
-    return label or "dp"
+    return f"{run.job.model.name}, {label or 'dp'}"
 
 
 def scalable(runs: list[Run]) -> list[Run]:
