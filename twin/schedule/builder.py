@@ -8,9 +8,10 @@ The composition, in order (what each rank does in one optimizer step):
    layers (embedding on the first chunk, head and loss on the last) with their TP/SP
    collectives and FSDP gathers, send the activation on; for each backward the reverse,
    with recomputation first when asked, and DDP/ZeRO gradient collectives as buckets fill;
-3. step end: the tied-embedding all-reduce between the first and last stage, the
-   gradient-norm all-reduce for clipping, the optimizer step on the local shard, and
-   ZeRO-1/2's parameter all-gather.
+3. step end: under SP, when ``sp_norm_grad_sync`` asks, the all-reduce over TP of the
+   norm weights' gradients (each rank saw only its sequence shard), the tied-embedding
+   all-reduce between the first and last stage, the gradient-norm all-reduce for
+   clipping, the optimizer step on the local shard, and ZeRO-1/2's parameter all-gather.
 """
 
 from __future__ import annotations
@@ -268,6 +269,8 @@ class StepBuilder:
             waits += self.sync.finish()
         if self.fsdp:
             waits += self.fsdp.issued
+        if par.sp and par.sp_norm_grad_sync != "none":
+            waits += self.sp_norm_grads(ctx.at(paradigm="sp"), waits)
         if par.pp > 1 and self.model.tie_embeddings and (self.first or self.last):
             pair = (self.pp_group[0], self.pp_group[-1])
             n = vocab_rows(self.model, par.tp) * self.model.hidden_size
@@ -283,6 +286,23 @@ class StepBuilder:
         step = b.optimizer(ctx, "adam", local, [norm] + waits)
         if self.sync and par.zero_stage in (1, 2):
             self.sync.gather_params(ctx.at(paradigm=f"zero{par.zero_stage}"), step)
+
+    def sp_norm_grads(self, ctx: Ctx, deps: list[Idx]) -> list[Idx]:
+        """SP: all-reduce the replicated norm tensors' gradients over TP.
+
+        Under SP a norm sees s/t of the sequence, so its weight gradient is a partial sum
+        (Korthikanti et al. 2022, §4.2.2). per_tensor: one call per tensor (PyTorch's
+        DTensor SequenceParallel); coalesced: one call for all (Megatron's
+        finalize_model_grads), the same bytes."""
+        norms = [(key, n) for key, n in self.tensors
+                 if key[1].startswith(("norm1.", "norm2.", "final_norm."))]
+        if self.par.sp_norm_grad_sync == "coalesced":
+            return [self.b.collective(ctx, "sp.norm_grads.ar", "all_reduce", self.tp.group, "tp",
+                                      sum(n for _, n in norms) * self.b.e, deps, stream="comm.tp")]
+        return [self.b.collective(ctx, f"sp.{'head' if layer == HEAD else f'L{layer}'}.{name}.ar",
+                                  "all_reduce", self.tp.group, "tp", n * self.b.e, deps,
+                                  stream="comm.tp")
+                for (layer, name), n in norms]
 
     def build(self) -> Program:
         self.setup()

@@ -12,6 +12,7 @@ RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 RANK_DIMS = ("tp", "cp", "pp", "dp")
 GRAD_SYNC = ("default", "last", "every")
+SP_NORM_GRAD_SYNC = ("none", "per_tensor", "coalesced")
 
 
 class ConfigWarning(UserWarning):
@@ -65,6 +66,12 @@ class ParallelPlan:
     """Gradient sync with several micro-batches: default (DDP and ZeRO-1 on the last
     micro-batch only, like no_sync; ZeRO-2/3 and FSDP every micro-batch), last, or every."""
 
+    sp_norm_grad_sync: str = "none"
+    """SP only: how the norm weights' partial gradients (each TP rank saw s/t of the sequence)
+    are all-reduced over TP at step end: none (not modelled), per_tensor (one all-reduce per
+    norm tensor, as PyTorch's DTensor SequenceParallel does) or coalesced (one for all of
+    them, as Megatron's finalize_model_grads does)."""
+
     def __post_init__(self) -> None:
         if self.pp_stage_layers is not None:
             object.__setattr__(self, "pp_stage_layers", tuple(self.pp_stage_layers))
@@ -78,6 +85,8 @@ class ParallelPlan:
         check_choice(problems, "parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         check_choice(problems, "parallel.recompute", self.recompute, RECOMPUTE)
         check_choice(problems, "parallel.grad_sync", self.grad_sync, GRAD_SYNC)
+        check_choice(problems, "parallel.sp_norm_grad_sync", self.sp_norm_grad_sync,
+                     SP_NORM_GRAD_SYNC)
         if self.cp != 1:
             problems.append(f"parallel.cp={self.cp!r} is reserved and must be 1 "
                             "(context parallelism is not modelled yet)")
