@@ -1,0 +1,181 @@
+"""Parallelise the conformance model with PyTorch's own APIs, one function per paradigm.
+
+Applied in torchtitan's fixed order: split into pipeline chunks (``pipeline_chunks``),
+then tensor parallelism inside each chunk (``apply_tp``), then data parallelism over
+the DP mesh dimension (``apply_fsdp`` or ``apply_ddp``). The device mesh is built from
+the job's RankGrid (``device_mesh``), so PyTorch's groups are the twin's groups.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from twin.spec import ConfigError, Job
+
+MESH_DIMS = ("dp", "pp", "tp")
+
+
+def check_plan(job: Job) -> None:
+    """Raise a ConfigError for plans that have no PyTorch-native counterpart here."""
+    p, m = job.parallel, job.model
+    problems = []
+    if p.legacy_dp:
+        problems.append("parallel.legacy_dp=true (nn.DataParallel) drives several devices from one "
+                        "process and gloo ranks have one CPU each; use parallel=ddp")
+    if p.zero_stage in (1, 2):
+        problems.append(f"parallel.zero_stage={p.zero_stage} has no PyTorch-native counterpart "
+                        "in conformance (DDP is stage 0, FSDP2 stage 3); use parallel=ddp or "
+                        "parallel=fsdp")
+    if p.recompute != "none":
+        problems.append(f"parallel.recompute={p.recompute}: conformance runs without activation "
+                        "checkpointing; set parallel.recompute=none")
+    if p.pp > 1 and m.tie_embeddings:
+        problems.append("model.tie_embeddings=true with parallel.pp > 1: torch.distributed."
+                        "pipelining has no shared weights across stages; set tie_embeddings=false")
+    if p.pp > 1 and p.zero_stage == 3:
+        problems.append("parallel.zero_stage=3 with pp > 1: pipelining defers FSDP2's gradient "
+                        "reduction to the last micro-batch, which the schedule does not model yet; "
+                        "use zero_stage=0 (DDP) with pipelining")
+    if p.tp > 1 and m.num_kv_heads % p.tp:
+        problems.append(f"parallel.tp={p.tp} > model.num_kv_heads={m.num_kv_heads}: ColwiseParallel "
+                        "would split a KV head across ranks (the schedule replicates it); use "
+                        f"tp <= {m.num_kv_heads} or model.num_kv_heads={p.tp}")
+    if p.sp and m.seq_len % p.tp:
+        problems.append(f"parallel.sp=true needs tp={p.tp} to divide model.seq_len={m.seq_len}")
+    if problems:
+        raise ConfigError(problems)
+
+
+def device_mesh(job: Job):
+    """A (dp, pp, tp) DeviceMesh whose entry [d, p, t] is the grid's rank at those coordinates."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    g, p = job.grid, job.parallel
+    ranks = torch.tensor([[[g.rank(dp=d, pp=s, tp=t) for t in range(p.tp)] for s in range(p.pp)]
+                          for d in range(p.dp)], dtype=torch.int64)
+    return DeviceMesh("cpu", ranks, mesh_dim_names=MESH_DIMS)
+
+
+def chunk_layers(job: Job) -> list[range]:
+    """Global layer indices of each of the pp * v model chunks, in pipeline order."""
+    starts = [0]
+    for n in job.stage_layers:
+        starts.append(starts[-1] + n)
+    return [range(starts[c], starts[c + 1]) for c in range(job.parallel.num_stages)]
+
+
+def pipeline_chunks(model: nn.Module, job: Job, stage: int) -> list[tuple[int, nn.Module]]:
+    """(chunk index, module) of the chunks pipeline rank ``stage`` holds (Megatron: c % pp)."""
+    p = job.parallel
+    if p.pp == 1:
+        return [(0, model)]
+    layers = chunk_layers(job)
+    out = []
+    for chunk in range(stage, p.num_stages, p.pp):
+        part = copy.deepcopy(model)
+        for key in list(part.layers.keys()):
+            if int(key) not in layers[chunk]:
+                del part.layers[key]
+        if chunk != 0:
+            part.embed = None
+        if chunk != p.num_stages - 1:
+            part.final_norm = None
+            part.lm_head = None
+        out.append((chunk, part))
+    return out
+
+
+def apply_tp(model: nn.Module, tp_mesh, sp: bool) -> None:
+    """Megatron TP with DTensor: vocab-parallel embedding, column-parallel Q/K/V and gate/up,
+    row-parallel out-proj and fc2, column-parallel LM head with a vocab-parallel loss.
+
+    Each attention and MLP block takes its input through one PrepareModuleInput, so the
+    backward sums Q, K and V's (gate and up's) input gradients before one all-reduce
+    (reduce-scatter under SP), like the twin's fused QKV. Under SP the norms run on
+    sequence shards (SequenceParallel) and the blocks all-gather their input.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    act = Shard(1) if sp else Replicate()
+    top = {}
+    if model.embed is not None:
+        top["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=act)
+    if model.lm_head is not None:
+        top["lm_head"] = ColwiseParallel(input_layouts=act, output_layouts=Shard(-1),
+                                         use_local_output=False)
+        if sp:
+            top["final_norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, top)
+    if model.embed is not None and model.lm_head is not None and model.spec.tie_embeddings:
+        model.lm_head.weight = model.embed.weight  # both Shard(0) over the vocabulary
+    for layer in model.layers.values():
+        plan = {
+            "attn": PrepareModuleInput(input_layouts=(act,), desired_input_layouts=(Replicate(),)),
+            "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(),
+            "attn.wv": ColwiseParallel(), "attn.wo": RowwiseParallel(output_layouts=act),
+            "mlp": PrepareModuleInput(input_layouts=(act,), desired_input_layouts=(Replicate(),)),
+            "mlp.w_gate": ColwiseParallel(), "mlp.w_up": ColwiseParallel(),
+            "mlp.fc2": RowwiseParallel(output_layouts=act),
+        }
+        if sp:
+            plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel()})
+        parallelize_module(layer, tp_mesh, plan)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh, reshard_after_forward: bool) -> nn.Module:
+    """FSDP2: ``fully_shard`` each layer, then the root (embedding, final norm, head).
+
+    ``reshard_after_forward`` applies to the layers; the root keeps FSDP2's own default.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.layers.values():
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    # None: FSDP2's default for the root, which keeps its parameters gathered after forward
+    # (backward needs them at once); an explicit True would free and gather them again
+    return fully_shard(model, mesh=dp_mesh, reshard_after_forward=None if reshard_after_forward
+                       else False)
+
+
+def apply_ddp(model: nn.Module, dp_mesh, bucket_MB: float) -> nn.Module:
+    """DDP over the DP mesh dimension (``device_mesh=``, which also takes DTensor parameters)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_mesh=dp_mesh, bucket_cap_mb=bucket_MB,
+                                   broadcast_buffers=False)
+
+
+def tp_sharded(model: nn.Module) -> set[str]:
+    """Names of the parameters TP split (DTensors with a Shard placement), before DDP
+    turns them back into local tensors."""
+    from torch.distributed.tensor import DTensor
+
+    return {n for n, q in model.named_parameters()
+            if isinstance(q, DTensor) and any(pl.is_shard() for pl in q.placements)}
+
+
+def parallelize(model: nn.Module, job: Job, mesh) -> list[tuple[int, nn.Module, set[str]]]:
+    """This rank's (chunk, module, TP-sharded parameter names), parallel as the plan says."""
+    p = job.parallel
+    stage = job.grid.coord(torch.distributed.get_rank(), "pp")
+    out = []
+    for chunk, part in pipeline_chunks(model, job, stage):
+        if p.tp > 1:
+            apply_tp(part, mesh["tp"], p.sp)
+        sharded = tp_sharded(part)
+        if p.dp > 1 and p.zero_stage == 3:
+            part = apply_fsdp(part, mesh["dp"], p.fsdp_reshard_after_forward)
+        elif p.dp > 1:
+            part = apply_ddp(part, mesh["dp"], p.ddp_bucket_MB)
+        out.append((chunk, part, sharded))
+    return out
