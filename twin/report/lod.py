@@ -1,11 +1,13 @@
 """Level of detail for big timelines: the page keeps every span and draws what the zoom shows.
 
 Every span stays in the page (typed arrays, base64). A small script draws, per category,
-the spans in the visible time window as WebGL segments, merging neighbours in a lane that
-are less than a pixel apart, so the drawn segments never exceed about lanes x pixels; once
-the window holds at most ``HOVER_MAX`` spans, each span gets its own hover (op, rank, step,
-layer, micro-batch, bytes, FLOPs, duration). Zooming or panning redraws. This keeps a
-200,000-span trace quick to load even where WebGL is software-rendered (headless CI).
+the spans in the visible time window as one SVG path of segments (start, middle, end,
+gap: hover works at each of those points). Past ``HOVER_MAX`` spans in the window,
+neighbours in a lane less than a pixel apart are merged, so the path never holds more than
+about lanes x pixels segments; below it, each span is its own segment with its own hover
+(op, rank, step, layer, micro-batch, bytes, FLOPs, duration). Zooming or panning redraws.
+SVG rather than WebGL: where WebGL is software-rendered (headless CI) every WebGL figure
+costs seconds, while one path per category stays cheap at any trace size.
 """
 
 from __future__ import annotations
@@ -54,47 +56,51 @@ def _payload(series: Series) -> dict:
             "max_dur": float((end - start).max()) if n else 0.0}
 
 
-def merged(spans: list[Span], lane_of, tol_us: float) -> tuple[np.ndarray, np.ndarray]:
-    """Segments (x, y with NaN gaps) of ``spans`` with neighbours in a lane closer than
-    ``tol_us`` merged: what the page draws at full zoom out (same rule as LOD_JS)."""
-    open_: dict[int, list[float]] = {}
-    xs: list[float] = []
-    ys: list[float] = []
+def merged(spans: list[Span], lane_of, tol_us: float) -> list[tuple[int, float, float, int, Span]]:
+    """Segments (lane, start, end, spans merged, first span) of ``spans`` with neighbours in
+    a lane closer than ``tol_us`` merged: what the page draws when zoomed out (as LOD_JS)."""
+    open_: dict[int, list] = {}
+    out: list[tuple[int, float, float, int, Span]] = []
     for s in sorted(spans, key=lambda s: s.start_us):
         lane = lane_of(s)
         cur = open_.get(lane)
         if cur is not None and s.start_us - cur[1] <= tol_us:
             cur[1] = max(cur[1], s.end_us)
+            cur[2] += 1
             continue
         if cur is not None:
-            xs += [cur[0], cur[1], np.nan]
-            ys += [lane, lane, np.nan]
-        open_[lane] = [s.start_us, s.end_us]
-    for lane, cur in open_.items():
-        xs += [cur[0], cur[1], np.nan]
-        ys += [lane, lane, np.nan]
-    return np.array(xs, dtype=float), np.array(ys, dtype=float)
+            out.append((lane, cur[0], cur[1], cur[2], cur[3]))
+        open_[lane] = [s.start_us, s.end_us, 1, s]
+    out += [(lane, c[0], c[1], c[2], c[3]) for lane, c in open_.items()]
+    return out
+
+
+def _merged_arrays(segments) -> dict:
+    """x, y (start, middle, end, gap per segment) and hover text of merged segments."""
+    x, y, text = [], [], []
+    for lane, a, b, n, first in segments:
+        x += [a, (a + b) / 2, b, np.nan]
+        y += [lane, lane, lane, np.nan]
+        label = first.op if n == 1 else \
+            f"{n} ops merged at this zoom (rank {first.rank}, from {first.op}); zoom in for each op"
+        text += [label, label, label, ""]
+    return {"x": np.array(x, dtype=float), "y": np.array(y, dtype=float), "text": text}
 
 
 def add_lod(fig: go.Figure, series: list[Series], lanes: int, x_range: tuple[float, float],
             line_px: float, hover: str, width_px: int = 1200) -> str:
-    """Add two WebGL traces per series (segments, hover points), the segments pre-drawn at
-    full zoom out, and return the HTML (data and script) to place after the figure's div;
-    ``__DIV__`` stands for its id."""
+    """Add one SVG line trace per series, pre-drawn merged at full zoom out (what a PNG
+    export shows), and return the HTML (data and script) to place after the figure's div;
+    ``__DIV__`` stands for its id. The script redraws at load and on every zoom."""
     cats = []
     tol = (x_range[1] - x_range[0]) / width_px
     for s in series:
-        line_idx = len(fig.data)
-        x, y = merged(s.spans, s.lane_of, tol)
-        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", name=s.name, opacity=s.opacity,
-                                   legendgroup=s.group or s.name, showlegend=s.legend,
-                                   line={"color": s.color, "width": line_px}, hoverinfo="skip",
-                                   connectgaps=False))
-        fig.add_trace(go.Scattergl(x=[], y=[], mode="markers", name=s.name,
-                                   legendgroup=s.group or s.name, showlegend=False,
-                                   marker={"color": s.color, "size": max(line_px, 4), "opacity": 0.0},
-                                   hovertemplate=hover))
-        cats.append({**_payload(s), "line": line_idx, "hover": line_idx + 1})
+        a = _merged_arrays(merged(s.spans, s.lane_of, tol))
+        cats.append({**_payload(s), "trace": len(fig.data)})
+        fig.add_trace(go.Scatter(x=a["x"], y=a["y"], text=a["text"], mode="lines", name=s.name,
+                                 opacity=s.opacity, legendgroup=s.group or s.name,
+                                 showlegend=s.legend, line={"color": s.color, "width": line_px},
+                                 hovertemplate=MERGED_HOVER, connectgaps=False))
     fig.update_xaxes(range=list(x_range), autorange=False)
     data = json.dumps({"cats": cats, "lanes": lanes, "hover_max": HOVER_MAX, "range": list(x_range),
                        "hover": hover, "merged_hover": MERGED_HOVER}, separators=(",", ":"))
@@ -113,8 +119,8 @@ LOD_JS = """
     for (let i = 0; i < bin.length; i++) buf[i] = bin.charCodeAt(i);
     return new T(buf.buffer);
   }
-  const cats = spec.cats.map(c => ({name: c.name, ops: c.ops, maxDur: c.max_dur, line: c.line,
-    hover: c.hover, start: typed(c.start, Float64Array), end: typed(c.end, Float64Array),
+  const cats = spec.cats.map(c => ({name: c.name, ops: c.ops, maxDur: c.max_dur, trace: c.trace,
+    start: typed(c.start, Float64Array), end: typed(c.end, Float64Array),
     lane: typed(c.lane, Int32Array), meta: typed(c.meta, Float64Array)}));
   function lower(a, x) { let lo = 0, hi = a.length;
     while (lo < hi) { const m = (lo + hi) >> 1; if (a[m] < x) lo = m + 1; else hi = m; } return lo; }
@@ -126,41 +132,38 @@ LOD_JS = """
     cats.forEach((c, k) => { for (let i = win[k][0]; i < win[k][1]; i++) if (c.end[i] >= x0) visible++; });
     const exact = visible <= spec.hover_max;
     const upd = {x: [], y: [], text: [], customdata: [], hovertemplate: []}, idx = [];
-    const lines = {x: [], y: []}, lineIdx = [];
     cats.forEach((c, k) => {
+      const m = c.meta, xs = [], ys = [], tx = [], cd = [];
       const oS = new Float64Array(spec.lanes).fill(NaN), oE = new Float64Array(spec.lanes);
       const cnt = new Int32Array(spec.lanes), first = new Int32Array(spec.lanes);
-      const xs = [], ys = [], hx = [], hy = [], ht = [], hc = [];
+      function seg(l, s, e, text, row) {
+        xs.push(s, (s + e) / 2, e, NaN); ys.push(l, l, l, NaN);
+        tx.push(text, text, text, ''); cd.push(row, row, row, null);
+      }
       function flush(l) {
         if (isNaN(oS[l])) return;
-        xs.push(oS[l], oE[l], NaN); ys.push(l, l, NaN);
-        if (!exact) {
-          const m = c.meta, j = first[l];
-          hx.push((oS[l] + oE[l]) / 2); hy.push(l); hc.push([m[6 * j], m[6 * j + 1]]);
-          ht.push(cnt[l] > 1 ? cnt[l] + ' ops merged at this zoom (rank ' + m[6 * j] + ', from '
-                  + c.ops[j] + '); zoom in for each op' : c.ops[j]);
-        }
+        const j = first[l];
+        seg(l, oS[l], oE[l], cnt[l] > 1 ? cnt[l] + ' ops merged at this zoom (rank ' + m[6 * j] +
+            ', from ' + c.ops[j] + '); zoom in for each op' : c.ops[j], null);
+        oS[l] = NaN;
       }
       for (let i = win[k][0]; i < win[k][1]; i++) {
         const s = c.start[i], e = c.end[i];
         if (e < x0) continue;
         const l = c.lane[i];
         if (exact) {
-          const m = c.meta;
-          hx.push((s + e) / 2); hy.push(l); ht.push(c.ops[i]);
-          hc.push([m[6 * i], m[6 * i + 1], m[6 * i + 2], m[6 * i + 3], m[6 * i + 4], m[6 * i + 5], s, e - s]);
-        }
-        if (!isNaN(oS[l]) && s - oE[l] <= tol) { if (e > oE[l]) oE[l] = e; cnt[l]++; }
+          seg(l, s, e, c.ops[i], [m[6 * i], m[6 * i + 1], m[6 * i + 2], m[6 * i + 3], m[6 * i + 4],
+                                   m[6 * i + 5], s, e - s]);
+        } else if (!isNaN(oS[l]) && s - oE[l] <= tol) { if (e > oE[l]) oE[l] = e; cnt[l]++; }
         else { flush(l); oS[l] = s; oE[l] = e; cnt[l] = 1; first[l] = i; }
       }
       for (let l = 0; l < spec.lanes; l++) flush(l);
-      lines.x.push(xs); lines.y.push(ys); lineIdx.push(c.line);
-      upd.x.push(hx); upd.y.push(hy); upd.text.push(ht); upd.customdata.push(hc);
-      upd.hovertemplate.push(exact ? spec.hover : spec.merged_hover); idx.push(c.hover);
+      upd.x.push(xs); upd.y.push(ys); upd.text.push(tx); upd.customdata.push(exact ? cd : null);
+      upd.hovertemplate.push(exact ? spec.hover : spec.merged_hover); idx.push(c.trace);
     });
     gd.dataset.lodVisible = String(visible);
     gd.dataset.lodExact = exact ? '1' : '0';
-    return Plotly.restyle(gd, lines, lineIdx).then(() => Plotly.restyle(gd, upd, idx));
+    return Plotly.restyle(gd, upd, idx);
   }
   let busy = false;
   function onRelayout(ev) {

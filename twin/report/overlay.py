@@ -116,6 +116,7 @@ def scatter_figure(res: dict[str, np.ndarray], names: tuple[str, str]) -> go.Fig
     fig = go.Figure()
     total = sum(len(v) for v in res.values())
     every = max(1, -(-total // MAX_SCATTER))
+    kind = go.Scattergl if total > 5000 else go.Scatter  # WebGL only where SVG would be slow
     lo, hi = np.inf, 0.0
     for k, v in res.items():
         v = v[::every]
@@ -123,7 +124,7 @@ def scatter_figure(res: dict[str, np.ndarray], names: tuple[str, str]) -> go.Fig
         if not len(v):
             continue
         lo, hi = min(lo, v.min()), max(hi, v.max())
-        fig.add_trace(go.Scattergl(x=v[:, 0], y=v[:, 1], mode="markers", name=k,
+        fig.add_trace(kind(x=v[:, 0], y=v[:, 1], mode="markers", name=k,
                                    marker={"size": 5, "opacity": 0.6, "color": style.color(
                                        k if " (" in k or k in ("send", "recv") else "forward")}))
     if hi > 0:
