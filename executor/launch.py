@@ -114,7 +114,7 @@ def _crash_message(run_dir: Path, world: int, failed: dict[int, int],
 
 
 def _hang_message(world: int, board: Board, now_ns: int, spawn_ns: int, timeout_s: float,
-                  describe: Callable[[int, Slot], str]) -> LaunchError:
+                  describe: Callable[[int, Slot], str], rendezvous: str) -> LaunchError:
     slots = {r: board.read(r) for r in range(world)}
 
     def idle(r: int) -> float:
@@ -123,8 +123,12 @@ def _hang_message(world: int, board: Board, now_ns: int, spawn_ns: int, timeout_
     busy = [r for r in range(world) if not slots[r].waiting and slots[r].phase != "done"]
     stalled = max(busy or range(world), key=idle)
     others = "; ".join(f"rank {r}: {describe(r, slots[r])}" for r in range(world) if r != stalled)
+    hint = ""
+    if slots[stalled].phase in ("starting", "init"):
+        hint = (f"; it never joined the rendezvous at {rendezvous} (another program listening "
+                "there, or a rank that could not start: see its log)")
     msg = (f"rank {stalled} made no progress for {idle(stalled):.1f} s "
-           f"({describe(stalled, slots[stalled])}); all {world} ranks killed after "
+           f"({describe(stalled, slots[stalled])}){hint}; all {world} ranks killed after "
            f"timeout_s={timeout_s:g}" + (f" [{others}]" if others else ""))
     return LaunchError(msg, "hang", stalled)
 
@@ -143,7 +147,12 @@ def launch_local(run_dir: str | Path, world_size: int, *, timeout_s: float,
     import torch.distributed as dist
 
     run_dir = Path(run_dir).resolve()
-    describe = describe or (lambda r, slot: f"{slot.phase}, step {slot.step}, op {slot.op}")
+    if describe is None:
+        from executor.rank import describe_slot
+
+        def describe(r: int, slot: Slot) -> str:
+            return describe_slot({}, r, slot)
+
     board = Board(world_size, run_dir / rundir.PROGRESS, create=True)
     result = LaunchResult(run_dir, world_size)
     env = dict(os.environ)
@@ -170,6 +179,7 @@ def launch_local(run_dir: str | Path, world_size: int, *, timeout_s: float,
             raise
         sock.detach()  # the store owns the listening socket now and closes it
         env["MASTER_PORT"] = str(result.port)
+    where = env.get("PARATWIN_STORE_PATH") or f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
     procs: list[subprocess.Popen] = []
     logs = []
     t0 = time.monotonic()
@@ -198,7 +208,8 @@ def launch_local(run_dir: str | Path, world_size: int, *, timeout_s: float,
                 if codes[r] is None and slot.phase != "done" and \
                         now - (slot.t_ns or spawn_ns) > timeout_s * 1e9:
                     _kill(procs)
-                    raise _hang_message(world_size, board, now, spawn_ns, timeout_s, describe)
+                    raise _hang_message(world_size, board, now, spawn_ns, timeout_s, describe,
+                                        where)
             time.sleep(POLL_S)
     finally:
         _kill(procs)

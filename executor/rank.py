@@ -19,6 +19,7 @@ from pathlib import Path
 
 _REPORTER = None  # this process's progress reporter, once known (for error reports)
 
+# run.json's "task": one of these names, or any "module:function" taking a RankContext
 TASKS = {
     "replay": "executor.runner:replay_task",
     "bench_collectives": "executor.bench.collectives:bench_task",
@@ -131,7 +132,11 @@ def run(run_dir: Path) -> None:
         store = make_store(env, timeout)
         dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size,
                                 timeout=timeout)
-    module, func = TASKS[settings["task"]].split(":")
+    spec = TASKS.get(settings["task"], settings["task"])
+    if ":" not in spec:
+        raise ValueError(f"task {settings['task']!r} is not one of {', '.join(TASKS)} nor a "
+                         "'module:function' path")
+    module, func = spec.split(":")
     task = getattr(importlib.import_module(module), func)
     ctx = RankContext(run_dir=run_dir, settings=settings, env=env, store=store, device=device,
                       backend=backend, reporter=reporter, board=board)
