@@ -122,4 +122,11 @@ def build_comms(programs: dict[int, Program], rank: int, world_size: int, store,
             pg = new._get_backend(device) if rank in group else None
         if pg is not None:
             (comms.collective if which == "c" else comms.p2p)[key] = pg
+            if backend == "nccl":
+                # NCCL creates a communicator at its first op, blocking until every member
+                # gets there: touch each now, in the global order, so that the schedule's own
+                # first-use order (which differs between ranks) cannot deadlock
+                pg.allreduce([torch.zeros(1, device=device)]).wait()
+    if backend == "nccl":
+        torch.cuda.synchronize(device)
     return comms

@@ -129,7 +129,7 @@ class Replayer:
                     last_on_stream[op.stream] = i
                 self._launch(i, op)
             elif op.is_memory:
-                self._start[i] = self._now()
+                self._reach_memory(i)
                 self._mem_pending.append(i)
                 self._drain_memory()
             else:
@@ -184,6 +184,9 @@ class Replayer:
 
     def _now(self) -> int:
         return time.perf_counter_ns() - self._origin
+
+    def _reach_memory(self, i: int) -> None:
+        self._start[i] = self._now()  # the host got here; it applies when its deps are done
 
     def _end_of(self, d: int) -> int:
         return self._end[d] if self._end[d] is not None else 0

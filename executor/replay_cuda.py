@@ -6,10 +6,11 @@ key, so each keeps the IR's FIFO order; ProcessGroupNCCL's internal stream waits
 side stream at issue), after that side stream waited for the end events of the op's
 deps; ``work.wait()`` then makes the side stream wait for the NCCL kernel, and the end
 event recorded after it marks the op's end. A compute op's stream waits for the end
-events of its communication deps. Memory ops apply when the host reaches them (the
-caching allocator orders reuse by stream) and are stamped no earlier than their deps.
-Times are ``origin.elapsed_time(event)`` after the step's final synchronize: exact to the
-event resolution (about 0.5 us). Not exercised by CI (no GPU); benchmarks/gpu_calibration.py
+events of its communication deps. Memory ops apply when the host sees their deps
+finished on the GPU (event queries at op boundaries) and are stamped at the later of
+where the host reached them and their deps' ends. Times are
+``origin.elapsed_time(event)`` after the step's final synchronize: exact to the event
+resolution (about 0.5 us). Not exercised by CI (no GPU); benchmarks/gpu_calibration.py
 runs it.
 """
 
@@ -38,7 +39,7 @@ class CudaReplayer(Replayer):
 
     def _begin(self) -> None:
         torch.cuda.synchronize(self.device)
-        self.origin_ns = time.perf_counter_ns()
+        self._origin = self.origin_ns = time.perf_counter_ns()
         self._ev_start: dict[int, torch.cuda.Event] = {}
         self._ev_end: dict[int, torch.cuda.Event] = {}
         self._origin_ev = self._event()
@@ -67,21 +68,43 @@ class CudaReplayer(Replayer):
         self._issued[i] = issued
 
     def _wait(self, d: int, at: int) -> None:
-        if self.is_async[at]:
-            return  # _launch orders the op after its deps with events
+        """The stream of op ``at`` (its side stream, or the compute stream) waits for ``d``."""
         ev = self._ev_end.get(d)
-        if ev is not None:
+        if ev is None:
+            return
+        if self.is_async[at]:
+            self._side_stream(at, self.ops[at]).wait_event(ev)
+        else:
             torch.cuda.current_stream(self.device).wait_event(ev)
 
+    def _reach_memory(self, i: int) -> None:
+        self._ev_start[i] = self._event()
+
     def _is_done(self, d: int) -> bool:
-        return True  # the GPU orders everything with events; the host never waits
+        if self.ops[d].is_memory:
+            return self._end[d] is not None
+        ev = self._ev_end.get(d)
+        return ev is not None and ev.query()
 
     def _drain_memory(self) -> None:
+        """Apply pending memory ops once the host sees their deps finished on the GPU (event
+        queries at op boundaries; so a free after a collective keeps its buffer until the
+        collective is done). The host only polls, so on GPU the moment a buffer is taken or
+        dropped, and with it max_memory_allocated, is approximate."""
+        keep: list[int] = []
+        waiting_allocs: set[str] = set()
         for i in self._mem_pending:
-            self.memory.apply(self.ops[i])
-            self._ev_start[i] = self._ev_end[i] = self._event()
+            op = self.ops[i]
+            name = op.tag or op.name
+            if name in waiting_allocs or not all(self._is_done(d) for d in op.deps):
+                keep.append(i)
+                if op.kind == "alloc":
+                    waiting_allocs.add(name)
+                continue
+            self.memory.apply(op)
+            self._ev_end[i] = self._ev_start[i]
             self._end[i] = 0
-        self._mem_pending = []
+        self._mem_pending = keep
 
     def _retire_completed(self) -> None:
         for i in [i for i in self._issued if self._ev_end[i].query()]:
@@ -91,11 +114,11 @@ class CudaReplayer(Replayer):
             self.pool.give(*issued.buffers)
 
     def _finish(self) -> None:
-        self._drain_memory()
         try:
             torch.cuda.synchronize(self.device)
         except RuntimeError as err:
             raise ReplayError(f"rank {self.rank}, step {self._step}: the GPU failed: {err}") from err
+        self._drain_memory()
         self._retire_completed()
         if self._issued:
             i = next(iter(self._issued))

@@ -47,8 +47,13 @@ def compare_task(ctx) -> None:
         comms = build_comms(programs, rank, world, ctx.store, ctx.backend,
                             float(s["comm_timeout_s"]), loopback=ctx.env.loopback,
                             prefix=f"compare{n_size}")
-        replayer = Replayer(programs[rank], comms, device, reporter=ctx.reporter,
-                            wait_timeout_s=float(s["comm_timeout_s"]))
+        cls = Replayer
+        if cuda:
+            from executor.replay_cuda import CudaReplayer
+
+            cls = CudaReplayer
+        replayer = cls(programs[rank], comms, device, reporter=ctx.reporter,
+                       wait_timeout_s=float(s["comm_timeout_s"]))
         bare, replay = [], []
         step = 0
         for _ in range(s["rounds"]):
