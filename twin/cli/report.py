@@ -35,9 +35,9 @@ def run(cfg) -> dict:
     if not runs:
         raise ConfigError("no run directory given; use `paratwin report DIR [DIR ...]` or "
                           "runs=[DIR,...] (directories written by simulate, execute or bench)")
-    for key in ("max_spans", "max_timelines"):
-        if int(cfg.get(key)) < 1:
-            raise ConfigError(f"{key}={cfg.get(key)} must be at least 1")
+    for key, least in (("max_spans", 1), ("max_timelines", 0)):
+        if int(cfg.get(key)) < least:
+            raise ConfigError(f"{key}={cfg.get(key)} must be at least {least}")
     opts = Options(max_spans=int(cfg.max_spans), max_timelines=int(cfg.max_timelines),
                    chrome=bool(cfg.chrome), title=cfg.get("title"), png=bool(cfg.get("png")),
                    cluster=cfg.get("cluster"))

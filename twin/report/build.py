@@ -26,7 +26,7 @@ class Options:
     max_spans: int = timeline.MAX_SPANS
     """Spans drawn per timeline; beyond it only the first steps are drawn."""
     max_timelines: int = 4
-    """Runs that get their own timeline and memory figures."""
+    """Runs that get their own timeline and memory figures (0: none)."""
     chrome: bool = True
     """Write each traced run's Chrome/Perfetto export (trace.json) into its directory."""
     title: str | None = None
@@ -82,7 +82,7 @@ def trace_sections(runs: list[rd.Run], opts: Options) -> list[Section]:
         out.append(Section(f"memory-{len(out)}", f"memory: {r.name}", _html.escape(
             "Live bytes per category, stacked; dashed red: device memory. " + mnote),
             [mfig] if mfig else []))
-    if len(traced) > opts.max_timelines:
+    if len(traced) > opts.max_timelines and out:
         out[-1].note += _html.escape(f" ({len(traced) - opts.max_timelines} more traced runs have "
                                      "no timeline here: raise max_timelines to draw them)")
     return out
@@ -165,13 +165,17 @@ def output_path(paths: list[Path], out: str | Path | None) -> Path:
 
 
 def export_chrome(runs: list[rd.Run], report: Path) -> list[Path]:
-    """Each traced run's Chrome export into its directory (beside the report if read-only)."""
+    """Each traced run's Chrome export into its directory (beside the report if read-only),
+    unless an export newer than the trace is already there."""
     written = []
     for r in runs:
         if r.trace is None:
             continue
         gpn = r.job.cluster.gpus_per_node if r.job is not None else None
         target = chrome_path(r.path)
+        if target.is_file() and r.trace_path is not None and \
+                target.stat().st_mtime >= r.trace_path.stat().st_mtime:
+            continue
         try:
             written.append(write_chrome(r.trace, target, gpn))
         except OSError:

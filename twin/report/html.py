@@ -96,15 +96,13 @@ def render(title: str, subtitle: str, sections: list[Section]) -> str:
              f"<h1>{_html.escape(title)}</h1><div class='runs'>{subtitle}</div>",
              "<nav>" + "".join(f"<a href='#{s.key}'>{_html.escape(s.title)}</a>" for s in sections)
              + "</nav>"]
-    n = 0
     for s in sections:
         parts.append(f"<h2 id='{s.key}'>{_html.escape(s.title)}</h2>")
         if s.note:
             parts.append(f"<p class='note'>{s.note}</p>")
         if s.html:
             parts.append(s.html)
-        for item in s.figures:
-            n += 1
+        for n, item in enumerate(s.figures, start=1):
             fig, after = item if isinstance(item, tuple) else (item, "")
             div = f"fig-{s.key}-{n}"
             parts.append("<div class='figure'>" + fig.to_html(
