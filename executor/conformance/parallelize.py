@@ -39,6 +39,11 @@ def check_plan(job: Job) -> None:
         problems.append("parallel.zero_stage=3 with pp > 1: pipelining defers FSDP2's gradient "
                         "reduction to the last micro-batch, which the schedule does not model yet; "
                         "use zero_stage=0 (DDP) with pipelining")
+    if p.pp > 1 and p.pp_schedule == "gpipe" and p.dp > 1 and p.zero_stage == 0:
+        problems.append("pp_schedule=gpipe with DDP (dp > 1): torch.distributed.pipelining's "
+                        "ScheduleGPipe trips DDP's Reducer in its second step (torch 2.13: 'rebuilt "
+                        "parameter indices size is not same as original model parameters size'); "
+                        "use pp_schedule=1f1b or interleaved with DDP, or dp=1 with gpipe")
     if p.tp > 1 and m.num_kv_heads % p.tp:
         problems.append(f"parallel.tp={p.tp} > model.num_kv_heads={m.num_kv_heads}: ColwiseParallel "
                         "would split a KV head across ranks (the schedule replicates it); use "
