@@ -81,6 +81,10 @@ def test_limit_steps_keeps_whole_steps_and_says_so(runs):
     assert len(spans) == per_step and {s.step for s in spans} == {0}
     assert "showing steps 0..0 of 2" in note and "max_spans" in note
     assert limit_steps(two, 10 * per_step)[1] == ""
+    ranks = {s.rank for s in trace.spans}
+    spans, note = limit_steps(two, per_step - 1)  # one step is too big: its first ranks
+    assert {s.step for s in spans} == {0} and {s.rank for s in spans} == {min(ranks)}
+    assert f"showing ranks 0..0 of {len(ranks)} in step 0" in note
 
 
 def test_colours_distinct_per_category_and_group():

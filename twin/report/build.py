@@ -76,6 +76,9 @@ def trace_sections(runs: list[rd.Run], opts: Options) -> list[Section]:
         lanes_note = ("One lane per rank and stream; grey is compute idle (pipeline bubbles, "
                       "waits for communication). Drag to zoom, double-click to reset, click a "
                       "legend entry to hide it. ")
+        if isinstance(fig, tuple):
+            lanes_note += ("Zoomed out, ops of a kind closer than a pixel merge into one bar; zoom "
+                           "in until each op has its own (with its hover). ")
         out.append(Section(f"timeline-{len(out)}", f"timeline: {r.name}",
                            _html.escape(lanes_note + note), [fig]))
         mfig, mnote = memory.memory_figure(r.trace, r.hbm_bytes, f"memory over time: {r.name}")

@@ -50,7 +50,8 @@ def timed(spans: list[Span]) -> list[Span]:
 
 
 def limit_steps(trace: Trace, max_spans: int = MAX_SPANS) -> tuple[list[Span], str]:
-    """The timed spans of as many whole steps as fit in ``max_spans``, and a note if cut."""
+    """The timed spans of as many whole steps as fit in ``max_spans`` (of the first ranks
+    only, if one step alone is bigger), and a note when some are left out."""
     spans = timed(trace.spans)
     if len(spans) <= max_spans:
         return spans, ""
@@ -59,10 +60,25 @@ def limit_steps(trace: Trace, max_spans: int = MAX_SPANS) -> tuple[list[Span], s
         per_step[s.step] += 1
     keep, total = set(), 0
     for step in sorted(per_step):
-        if keep and total + per_step[step] > max_spans:
+        if total + per_step[step] > max_spans:
             break
         keep.add(step)
         total += per_step[step]
+    if not keep:  # one step is too big: its first ranks
+        first = min(per_step)
+        per_rank: dict[int, int] = defaultdict(int)
+        for s in spans:
+            if s.step == first:
+                per_rank[s.rank] += 1
+        ranks, total = set(), 0
+        for r in sorted(per_rank):
+            if ranks and total + per_rank[r] > max_spans:
+                break
+            ranks.add(r)
+            total += per_rank[r]
+        note = (f"showing ranks {min(ranks)}..{max(ranks)} of {len(per_rank)} in step {first} "
+                f"({total:,} of {len(spans):,} spans; raise max_spans to draw more)")
+        return [s for s in spans if s.step == first and s.rank in ranks], note
     note = (f"showing steps {min(keep)}..{max(keep)} of {len(per_step)} ({total:,} of "
             f"{len(spans):,} spans; raise max_spans to draw more)")
     return [s for s in spans if s.step in keep], note
