@@ -42,6 +42,8 @@ PLANS = {
     "tp": dict(tp=4, global_batch_size=4),
     "tp_sp": dict(tp=4, sp=True, global_batch_size=4),
     "tp_sp_full": dict(tp=2, sp=True, recompute="full", global_batch_size=8),
+    "tp_sp_norms": dict(tp=4, sp=True, sp_norm_grad_sync="per_tensor", global_batch_size=4),
+    "tp_sp_norms_coalesced": dict(tp=4, sp=True, sp_norm_grad_sync="coalesced", global_batch_size=4),
     "gpipe": dict(pp=4, pp_schedule="gpipe", global_batch_size=8),
     "1f1b_tied": dict(pp=4, global_batch_size=8, zero_stage=2),
     "interleaved": dict(pp=2, pp_schedule="interleaved", pp_virtual_stages=2, global_batch_size=8),

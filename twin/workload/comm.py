@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from twin.spec import Job
-from twin.workload.params import layer_params, stage_params, vocab_rows
+from twin.workload.params import layer_params, norm_params, stage_params, vocab_rows
 
 WIRE_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -127,6 +127,13 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
                 tp.add("all_reduce", m, bsh)
             # vocab-parallel cross-entropy: max, sum of exp, target logit (fp32 per token)
             tp.add("all_reduce", 3 * m, 4 * par.micro_batch_size * model.seq_len)
+        if par.sp and par.sp_norm_grad_sync != "none":
+            # the norm weights' partial gradients (each rank saw s/t of the sequence)
+            norms = len(job.layers_on_stage(stage)) * 2 * norm_params(model) + \
+                (norm_params(model) if stage == par.pp - 1 else 0)
+            calls = 1 if par.sp_norm_grad_sync == "coalesced" else \
+                norms // model.hidden_size
+            tp.add("all_reduce", calls, norms * e / calls)
         out["tp"] = tp
 
     if par.pp > 1:
