@@ -190,7 +190,8 @@ def launch_local(run_dir: str | Path, world_size: int, *, timeout_s: float,
             logs.append(fh)
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", entry, str(run_dir)],
-                env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=fh,
+                env={**env, "RANK": str(r), "LOCAL_RANK": str(r),
+                     "PARATWIN_SPAWN_NS": str(time.monotonic_ns())}, stdout=fh,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
         result.pids = [p.pid for p in procs]
         while True:

@@ -132,6 +132,8 @@ def run(run_dir: Path) -> None:
         store = make_store(env, timeout)
         dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size,
                                 timeout=timeout)
+    if os.environ.get("PARATWIN_SPAWN_NS"):  # local runs: process start + joining the others
+        settings["startup_s"] = (time.monotonic_ns() - int(os.environ["PARATWIN_SPAWN_NS"])) / 1e9
     spec = TASKS.get(settings["task"], settings["task"])
     if ":" not in spec:
         raise ValueError(f"task {settings['task']!r} is not one of {', '.join(TASKS)} nor a "

@@ -256,7 +256,7 @@ class Replayer:
 
     def _retire_completed(self) -> None:
         """Check the results of completed ops (verify mode) and give back their buffers."""
-        for i in [i for i, ev in self._done.items() if ev.is_set() and i in self._issued]:
+        for i in [i for i in self._issued if self._done[i].is_set()]:
             self._check_error(i)
             issued = self._issued.pop(i)
             if self.verify:

@@ -104,6 +104,7 @@ def replay_task(ctx: RankContext) -> None:
         peak = (torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda"
                 else result.peak_bytes)
         payload = {"rank": rank, "times": result.times, "origin_ns": replayer.origin_ns,
+                   "startup_s": s.get("startup_s"),
                    "peak": peak, "workspace": replayer.kernels.workspace_bytes
                    + replayer.pool.held_bytes}
         gathered = [None] * world if rank == 0 else None
@@ -134,6 +135,8 @@ def replay_task(ctx: RankContext) -> None:
                                        if ctx.device.type == "cuda" else
                                        "executor count of live alloc/free buffers"),
             "workspace_bytes": {str(p["rank"]): p["workspace"] for p in gathered},
+            "startup_s": {str(p["rank"]): p["startup_s"] for p in gathered
+                          if p["startup_s"] is not None},
             "clock": trace.meta["clock"],
             "barrier_exit_spread_us": trace.meta.get("barrier_exit_spread_us"),
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
