@@ -86,7 +86,7 @@ class Trace:
     def from_dict(cls, data: dict, where: str = "data") -> Trace:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"{where} is not a paratwin trace (no 'format: {FORMAT}'); "
-                             "give the trace.json written by simulate or execute")
+                             "give the spans.json written by simulate or execute")
         if data.get("version") != VERSION:
             raise ValueError(f"{where}: trace version {data.get('version')} is not supported "
                              f"(this paratwin reads version {VERSION})")

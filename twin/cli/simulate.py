@@ -11,7 +11,7 @@ from twin.cli.config import job_from_cfg
 from twin.cli.main import CONF_DIR
 from twin.cli.progress import Progress
 from twin.cost import CostModel, default_cost_model
-from twin.files import write_json_atomic
+from twin.files import write_json_atomic, write_text_atomic
 from twin.sim.engine import SimOptions
 from twin.sim.run import simulate
 from twin.spec import ConfigError
@@ -75,6 +75,10 @@ def out_dir_of(cfg) -> Path:
     return Path(HydraConfig.get().runtime.output_dir)
 
 
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.2f} MB"
+
+
 def format_summary(job, s: dict, out: Path) -> str:
     p = job.parallel
     lines = [
@@ -95,9 +99,9 @@ def format_summary(job, s: dict, out: Path) -> str:
     peak, hbm = s["peak_memory_max_bytes"], job.cluster.hbm_bytes
     worst = max(s["peak_memory_bytes"], key=lambda r: s["peak_memory_bytes"][r])
     if s["fits_memory"]:
-        lines.append(f"  peak memory {peak / 1e9:.2f} GB of {hbm / 1e9:.0f} GB (rank {worst}): fits")
+        lines.append(f"  peak memory {_size(peak)} of {hbm / 1e9:.0f} GB (rank {worst}): fits")
     else:
-        lines.append(f"  !! DOES NOT FIT: peak memory {peak / 1e9:.2f} GB > {hbm / 1e9:.0f} GB of HBM "
+        lines.append(f"  !! DOES NOT FIT: peak memory {_size(peak)} > {hbm / 1e9:.0f} GB of HBM "
                      f"on rank {worst} (out of memory by {(peak - hbm) / 1e9:.2f} GB); the times "
                      "above assume it fit")
     lines.append(f"  wrote {out}/summary.json, spans.json, trace.json"
@@ -124,13 +128,11 @@ def run(cfg) -> dict:
     result.trace.save(out / "spans.json")
     summary = dict(result.summary, out_dir=str(out))
     write_json_atomic(out / "summary.json", summary)
-    (out / "trace.json").write_text(json.dumps(chrome_trace(result.trace)))
     if cfg.get("report", True):
-        try:
-            from twin.report import write_report
-        except ImportError:
-            write_report = None
-        if write_report is not None:
-            write_report([out])
+        from twin.report import write_report
+
+        write_report([out])  # report.html and the Chrome export trace.json (memory counters)
+    else:
+        write_text_atomic(out / "trace.json", json.dumps(chrome_trace(result.trace)))
     print(json.dumps(summary, indent=2) if fmt == "json" else format_summary(job, summary, out))
     return summary
