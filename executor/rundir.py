@@ -19,8 +19,9 @@ The same names as `paratwin simulate` writes, so twin and executor run directori
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from twin.files import write_json_atomic
 
 CONFIG = "config.yaml"
 SCHEDULE = "schedule.json"
@@ -32,13 +33,8 @@ SUMMARY = "summary.json"
 
 
 def write_json(path: str | Path, data, indent: int | None = 2) -> Path:
-    """Write JSON atomically: a temporary file renamed into place."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=indent, default=str,
-                              separators=None if indent else (",", ":")))
-    tmp.replace(path)
-    return path
+    """Write JSON atomically (twin.files: a temporary file renamed into place)."""
+    return write_json_atomic(path, data, indent=indent)
 
 
 def read_settings(run_dir: str | Path) -> dict:
