@@ -218,6 +218,8 @@ def launch_local(run_dir: str | Path, world_size: int, *, timeout_s: float,
             fh.close()
         board.close()
         del store
+        if rendezvous == "file":
+            (run_dir / "store").unlink(missing_ok=True)
     result.wall_s = time.monotonic() - t0
     return result
 

@@ -110,3 +110,13 @@ def test_torchrun_launcher_prepares_the_run_directory(tmp_path):
     for name in ("run.json", "schedule.json", "config.yaml"):
         assert (Path(out) / name).is_file()
     assert not (Path(out) / "spans.json").exists()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_file_store_rendezvous(tmp_path, execute_cfg, capsys):
+    out = tmp_path / "file"
+    summary = execute.run(execute_cfg("rendezvous=file", "steps=1", "warmup=0", "parallel=zero2",
+                                      f"out_dir={out}"))
+    assert summary["steps"] == 1 and "run directory" in capsys.readouterr().out
+    assert not (out / "store").exists()  # the FileStore is removed with the run
