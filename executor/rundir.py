@@ -9,7 +9,7 @@ RUN_DIR/
   logs/rankN.log  each rank's stdout and stderr (local runs)
   errors/rankN.json  a rank's error report: type, message, traceback, phase, step, op
   spans.json      the paratwin trace of the measured steps (rewritten after every completed step)
-  trace.json      its Chrome/Perfetto export (twin.trace.chrome_trace; idem)
+  trace.json      its Chrome/Perfetto export (twin.trace.chrome_trace; after the last step)
   summary.json    twin.metrics.summarize of the trace plus executor fields (idem)
 
 The same names as `paratwin simulate` writes, so twin and executor run directories read alike.

@@ -8,8 +8,8 @@ spread of the barrier exits (``barrier_exit_spread_us`` in the meta: 0.1-2 ms on
 2-core host) is what aligning by the barrier alone would have cost. Across hosts the
 clocks differ, so each rank's step origin is taken to be rank 0's: the error is that
 spread (a network latency plus scheduling). After each measured step rank 0 gathers every
-rank's op times and rewrites spans.json (the trace), trace.json (its Chrome export) and
-summary.json atomically, so a failure later keeps the completed steps.
+rank's op times and rewrites spans.json (the trace) and summary.json atomically, so a
+failure later keeps the completed steps; trace.json (the Chrome export) is written at the end.
 """
 
 from __future__ import annotations
@@ -124,7 +124,8 @@ def replay_task(ctx: RankContext) -> None:
         if one_host:
             trace.meta["barrier_exit_spread_us"] = spread
         trace.save(ctx.run_dir / TRACE)
-        write_json(ctx.run_dir / CHROME, chrome_trace(trace), indent=None)
+        if step == warmup + steps - 1:  # the Chrome export once, at the end
+            write_json(ctx.run_dir / CHROME, chrome_trace(trace), indent=None)
         summary = summarize(trace, job)
         summary.update({
             "source": "executor", "backend": ctx.backend, "device": trace.meta["device"],
