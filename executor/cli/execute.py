@@ -200,5 +200,9 @@ def run(cfg) -> dict:
         print(f"paratwin execute: {err}{kept}", file=sys.stderr)
         sys.exit(1)
     summary = json.loads((run_dir / rundir.SUMMARY).read_text())
+    if cfg.get("report", True):
+        from twin.report import write_report
+
+        write_report([run_dir])
     print(json.dumps(summary, indent=2) if fmt == "json" else format_summary(job, summary, run_dir))
     return summary

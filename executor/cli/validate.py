@@ -45,7 +45,7 @@ def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough) -> 
     cmd = [sys.executable, "-m", "twin.cli.main", "execute", f"model={model}", f"cluster={cluster}",
            f"parallel={preset}", f"cluster.gpus_per_node={world}", f"steps={cfg.steps}",
            f"warmup={cfg.warmup}", f"timeout_s={cfg.timeout_s}", f"out_dir={exec_dir}",
-           "format=json", *extra, *list(cfg.get("overrides") or [])]
+           "format=json", "report=false", *extra, *list(cfg.get("overrides") or [])]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=float(cfg.timeout_s) * 4)
     if proc.returncode != 0:

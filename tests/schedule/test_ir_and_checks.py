@@ -91,3 +91,13 @@ def test_walk_lets_p2p_overlap():
     progs = {0: Program(0, [p2p("send", 1, "x"), p2p("recv", 1, "y")]),
              1: Program(1, [p2p("send", 0, "y"), p2p("recv", 0, "x")])}
     assert walk(progs).ops == 4
+
+
+def test_p2p_issued_out_of_order_is_caught():
+    # NCCL pairs a direction's sends and recvs by issue order, not by tag
+    def p2p(kind, peer, tag):
+        return Op(name=f"{kind}{tag}", kind=kind, stream="p2p", peer=peer, tag=tag, bytes=8.0)
+    progs = {0: Program(0, [p2p("send", 1, "a"), p2p("send", 1, "b")]),
+             1: Program(1, [p2p("recv", 0, "b"), p2p("recv", 0, "a")])}
+    with pytest.raises(ScheduleError, match="issued in different orders"):
+        check_schedule(progs)

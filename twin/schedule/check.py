@@ -72,6 +72,23 @@ def check_p2p_pairs(programs: dict[int, Program]) -> int:
     for key in recvs:
         if key[0] in programs and key not in sends:
             raise ScheduleError(f"recv {key[0]}->{key[1]} tag {key[2]} has no matching send")
+    # NCCL pairs the sends and recvs of one direction in issue order, ignoring tags: the
+    # order of tags must agree on both sides
+    order_s: dict[tuple[int, int], list[str]] = {}
+    order_r: dict[tuple[int, int], list[str]] = {}
+    for rank, prog in programs.items():
+        for op in prog.ops:
+            if op.kind == "send":
+                order_s.setdefault((rank, op.peer), []).append(op.tag)
+            elif op.kind == "recv":
+                order_r.setdefault((op.peer, rank), []).append(op.tag)
+    for pair, tags in order_s.items():
+        if pair[1] in programs and order_r.get(pair) != tags:
+            other = order_r.get(pair, [])
+            i = next((k for k, (a, b) in enumerate(zip(tags, other)) if a != b), min(len(tags), len(other)))
+            raise ScheduleError(f"sends {pair[0]}->{pair[1]} and the matching recvs are issued in different "
+                                f"orders (first at #{i}: {tags[i] if i < len(tags) else '-'} vs "
+                                f"{other[i] if i < len(other) else '-'}); NCCL pairs them by order")
     return len(sends)
 
 
