@@ -88,11 +88,14 @@ def kernel_time(p: dict, flops: np.ndarray, nbytes: np.ndarray, peak: float, bw:
 
 
 def fit_kernel(points: list[KernelPoint], peak_flops: float, hbm_Bps: float,
-               start: KernelCost | None = None, memory_bound: bool = False) -> FitResult:
+               start: KernelCost | None = None, memory_bound: bool = False,
+               fit_memory: bool = True) -> FitResult:
     """Largest efficiency, memory efficiency and launch overhead of one kernel kind.
 
-    Compute-bound kinds fit E and L (and M from 4 points on); memory-bound kinds
-    (``memory_bound``: elementwise, optimizer) fit M and L, E keeping ``start``'s value.
+    Compute-bound kinds fit E and L (and M from 4 points on, unless ``fit_memory`` is
+    false: attention's byte count, Q, K, V and O, is only a lower bound of its traffic);
+    memory-bound kinds (``memory_bound``: elementwise, optimizer) fit M and L, E keeping
+    ``start``'s value.
     E is bounded by 4 and M by 10 (caches can beat the nominal memory bandwidth)."""
     if not points:
         raise ValueError("no measurements to fit")
@@ -103,7 +106,8 @@ def fit_kernel(points: list[KernelPoint], peak_flops: float, hbm_Bps: float,
     if memory_bound:
         free = ["mem_efficiency", "launch_us"]
     else:
-        free = ["efficiency", "launch_us"] + (["mem_efficiency"] if len(points) >= 4 else [])
+        free = ["efficiency", "launch_us"] + (["mem_efficiency"] if len(points) >= 4 and fit_memory
+                                              else [])
     base = {"efficiency": start.efficiency, "half_flops": 0.0,
             "mem_efficiency": start.mem_efficiency, "launch_us": max(start.launch_us, 0.1)}
 

@@ -53,8 +53,8 @@ def run_interference(run_dir: Path, world: int, gemm_n: int, timeout_s: float) -
     rundir.prepare(out)
     rundir.write_json(out / rundir.SETTINGS, {
         "task": "interference", "world_size": world, "backend": "gloo", "threads": 1,
-        "timeout_s": timeout_s, "comm_timeout_s": timeout_s, "gemm_n": gemm_n, "repeats": 20,
-        "comm_bytes": 64 * 2**20, "comm_ops": 4})
+        "timeout_s": timeout_s, "comm_timeout_s": timeout_s, "gemm_n": gemm_n, "repeats": 10,
+        "cycles": 5, "comm_bytes": 64 * 2**20, "comm_ops": 8})
     print(f"measuring interference: {world} ranks, {gemm_n}^3 GEMMs alone, together, beside "
           "all-reduces", flush=True)
     launch_local(out, world, timeout_s=timeout_s, log=lambda m: None)
@@ -79,7 +79,8 @@ def format_fits(profile: CostModel, report: dict, path: Path) -> str:
         lines += ["", f"interference: {i['world_size']} ranks computing together take "
                       f"{i['gemm_concurrent_s'] / i['gemm_alone_s']:.2f}x alone -> "
                       f"{i['cores_effective']:.2f} effective cores; beside all-reduces "
-                      f"{1 + i['overlap_slowdown']:.2f}x -> overlap_slowdown {i['overlap_slowdown']:.2f}"]
+                      f"{1 + i['overlap_measured']:.2f}x measured, {1 + i['overlap_modelled']:.2f}x "
+                      f"modelled (overlap_slowdown {i['overlap_slowdown']:.2f})"]
     lines.append(f"noise: compute_cv {profile.compute_cv:.3f}, comm_cv {profile.comm_cv:.3f}")
     return "\n".join(lines)
 

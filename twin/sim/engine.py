@@ -104,7 +104,7 @@ class Simulation:
         topo = self.topo
         w = []
         for res in resources:
-            if res[0] in ("loop", "up", "down", "cpu"):
+            if res[0] in ("up", "down", "cpu"):
                 w.append(float(sum(topo.grid.node(c) == res[1] for c in copies)))
             elif res[0] in ("nic_out", "nic_in"):
                 w.append(float(sum(topo.grid.node(c) == res[1] and topo.nic(c) == res[2]
@@ -130,11 +130,11 @@ class Simulation:
         if not weights:
             return None
         res = tuple(weights)
-        return res, tuple(weights[r] for r in res), amount
+        return res, tuple(weights[r] for r in res), amount, tuple(self.topo.byte_cost(r) for r in res)
 
     def _uncontended_s(self, spec) -> float:
-        res, w, amount = spec
-        return amount / min(self.fabric.capacity[r] / x for r, x in zip(res, w))
+        res, w, amount, k = spec
+        return amount / min(self.fabric.capacity[r] / (x * c) for r, x, c in zip(res, w, k))
 
     def _fitted(self, kind: str, group: tuple, nbytes: float, specs: list, lat: list):
         """Apply a measured latency/bandwidth fit: same phases and contention, scaled so the
@@ -146,14 +146,14 @@ class Simulation:
         ideal = sum(self._uncontended_s(sp) for sp in specs if sp is not None)
         want = nbytes / (fit["bw_GBps"] * 1e9)
         scale = want / ideal if ideal > 0 else 1.0
-        specs = [None if sp is None else (sp[0], sp[1], sp[2] * scale) for sp in specs]
+        specs = [None if sp is None else (sp[0], sp[1], sp[2] * scale, sp[3]) for sp in specs]
         return specs, [0.0] * len(lat), fit["latency_us"] * 1e-6
 
     def _start(self, spec) -> simpy.Event | None:
         if spec is None:
             return None
-        res, w, amount = spec
-        return self.fabric.transfer(res, amount, weights=w)
+        res, w, amount, k = spec
+        return self.fabric.transfer(res, amount, weights=w, costs=k)
 
     # -- processes ------------------------------------------------------------------------
     def _arrive(self, rank: int, op, evs: dict, i: int) -> simpy.Event:

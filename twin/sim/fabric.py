@@ -2,7 +2,8 @@
 
 A flow moves ``amount`` units (bytes, or core-seconds for compute on shared cores)
 across one or more resources. Its rate is min(cap, min over its resources of
-capacity / load), where load is the summed weight of the flows on the resource: two
+capacity / (load * cost)), where load is the summed weight of the flows on the resource
+and cost the units of the resource one unit of the flow uses: two
 equal flows on one link each get half of it and take twice as long (the twin's
 contention test). A flow of weight k on a resource stands for k identical flows there
 (rank folding).
@@ -23,17 +24,18 @@ EPS = 1e-12
 
 
 class Flow:
-    __slots__ = ("amount", "remaining", "resources", "cap", "weights", "rate", "t", "event",
-                 "version", "id")
+    __slots__ = ("amount", "remaining", "resources", "cap", "weights", "costs", "rate", "t",
+                 "event", "version", "id")
 
     def __init__(self, fid: int, amount: float, resources: tuple, cap: float, weights: tuple,
-                 event: simpy.Event, now: float):
+                 costs: tuple, event: simpy.Event, now: float):
         self.id = fid
         self.amount = amount
         self.remaining = amount
         self.resources = resources
         self.cap = cap
         self.weights = weights
+        self.costs = costs
         self.rate = 0.0
         self.t = now
         self.event = event
@@ -54,11 +56,13 @@ class Fabric:
         self.flows_done = 0
 
     def transfer(self, resources: tuple, amount: float, cap: float = math.inf,
-                 weights: tuple | None = None) -> simpy.Event:
+                 weights: tuple | None = None, costs: tuple | None = None) -> simpy.Event:
         """Start a flow now; the returned event fires when it has moved ``amount``.
 
         ``weights`` (one per resource, default 1): how many identical flows this one
-        stands for on each resource (folded ranks sharing a NIC or the loopback)."""
+        stands for on each resource (folded ranks sharing a NIC or the cores). ``costs`` (one
+        per resource, default 1): units of the resource one unit of ``amount`` uses (a byte
+        copied by gloo costs 1/B core-seconds of the host's cores)."""
         ev = self.env.event()
         if amount <= 0 or not resources:
             ev.succeed()
@@ -67,7 +71,8 @@ class Fabric:
             if r not in self.capacity:
                 raise KeyError(f"unknown fabric resource {r!r}")
         weights = weights or (1.0,) * len(resources)
-        f = Flow(next(self._ids), amount, resources, cap, weights, ev, self.env.now)
+        costs = costs or (1.0,) * len(resources)
+        f = Flow(next(self._ids), amount, resources, cap, weights, costs, ev, self.env.now)
         affected = set()
         for r, w in zip(resources, weights):
             self.load[r] = self.load.get(r, 0.0) + w
@@ -80,8 +85,8 @@ class Fabric:
 
     def _rate(self, f: Flow) -> float:
         rate = f.cap
-        for r in f.resources:  # each of the w copies on r gets capacity / load
-            rate = min(rate, self.capacity[r] / self.load[r])
+        for r, k in zip(f.resources, f.costs):  # each of the w copies on r gets capacity / load
+            rate = min(rate, self.capacity[r] / (self.load[r] * k))
         return rate
 
     def _rerate(self, flows) -> None:

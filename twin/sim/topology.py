@@ -3,8 +3,10 @@
 - NVSwitch / PCIe node: each device has an out-port and an in-port at the intra-node
   bandwidth (per device per direction); a transfer inside the node crosses the
   sender's out-port and the receiver's in-port.
-- shared_cpu (``cpu_local``): every transfer inside the host shares one loopback
-  resource, and compute shares the host's cores (resource ("cpu", node)).
+- shared_cpu (``cpu_local``): ranks are processes on one host; gloo moves bytes with the
+  host's cores, so a transfer and compute share one resource ("cpu", node): a byte costs
+  1 / (intra bandwidth) core-seconds, a second of compute one core-second. Compute
+  slows while communication runs beside it, and communication slows under compute.
 - Between nodes: the NIC of the sender's rail (local rank * nics / gpus_per_node) out,
   the receiver's NIC in; with a fat tree oversubscribed k:1 a node's uplink and downlink
   carry nics * nic_bw / k; rail-optimized fabrics keep same-rail traffic off the spine.
@@ -43,7 +45,6 @@ class Topology:
         cap = self.capacity
         for n in nodes:
             if self.shared_cpu:
-                cap[("loop", n)] = self.intra_Bps
                 cap[("cpu", n)] = float(self.cost.cores_effective or self.cluster.cores_per_node
                                         or self.gpn)
             for i in range(self.nics):
@@ -72,13 +73,17 @@ class Topology:
         ns, nd = self.grid.node(src), self.grid.node(dst)
         if ns == nd:
             if self.shared_cpu:
-                return (("loop", ns),)
+                return (("cpu", ns),)
             return (("out", src), ("in", dst))
         a, b = self.nic(src), self.nic(dst)
         path = [("nic_out", ns, a), ("nic_in", nd, b)]
         if self.oversub > 1 and not (self.rail and a == b):
             path += [("up", ns), ("down", nd)]
         return tuple(path)
+
+    def byte_cost(self, res: tuple) -> float:
+        """Units of ``res`` one byte of a transfer uses (core-seconds on a shared-CPU host)."""
+        return 1.0 / self.intra_Bps if res[0] == "cpu" else 1.0
 
     def alpha(self, src: int, dst: int) -> float:
         """Per-hop latency between two ranks."""

@@ -1,0 +1,24 @@
+"""Twin accuracy on this machine: the validation suite at world size 2, its headline figures.
+
+Run: python benchmarks/validate_suite.py [calibration=cpu_local] [other paratwin validate overrides]
+Runs `paratwin validate` (every paradigm at 2 gloo ranks on the val_small model, 3D at 4 for
+information) and prints its table; the last line gives the median absolute step-time error
+(target <= 5%), the largest error and how many predictions fall inside the measured p10-p90
+band (target: all). Calibrate first: `paratwin calibrate cluster=cpu_local`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    cmd = [sys.executable, "-m", "twin.cli.main", "validate", "report=false", *args]
+    print("$ paratwin " + " ".join(cmd[3:]), flush=True)
+    sys.exit(subprocess.run(cmd).returncode)
+
+
+if __name__ == "__main__":
+    main()
