@@ -53,6 +53,7 @@ class Fabric:
         self.heap: list = []
         self._ids = itertools.count()
         self._armed = math.inf
+        self._token = 0
         self.flows_done = 0
 
     def transfer(self, resources: tuple, amount: float, cap: float = math.inf,
@@ -108,10 +109,13 @@ class Fabric:
         eta = self.heap[0][0]
         if eta < self._armed - EPS:
             self._armed = eta
+            self._token += 1
             t = self.env.timeout(max(0.0, eta - self.env.now))
-            t.callbacks.append(self._wake)
+            t.callbacks.append(lambda _e, token=self._token: self._wake(token))
 
-    def _wake(self, _event) -> None:
+    def _wake(self, token: int) -> None:
+        if token != self._token:
+            return  # superseded by an earlier completion armed since: that one re-arms
         self._armed = math.inf
         now = self.env.now
         done, affected = [], set()
