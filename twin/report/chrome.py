@@ -7,10 +7,10 @@ bytes per category (GiB), restarting at each step as the summary counts them.
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 
+from twin.files import write_text_atomic
 from twin.report.memory import live_series
 from twin.report.style import GIB
 from twin.trace import Trace, chrome_trace
@@ -55,7 +55,5 @@ def write_chrome(trace: Trace, path: Path, gpus_per_node: int | None = None) -> 
     if _holds_paratwin_trace(path):
         raise ValueError(f"{path} holds a paratwin trace; the Chrome export must not overwrite it "
                          f"(write it to {path.with_name(FALLBACK_NAME)})")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(chrome_events(trace, gpus_per_node), separators=(",", ":")))
-    tmp.replace(path)
-    return path
+    return write_text_atomic(path, json.dumps(chrome_events(trace, gpus_per_node),
+                                              separators=(",", ":")))

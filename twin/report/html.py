@@ -14,6 +14,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from twin.files import write_text_atomic
+
 PLOT_CONFIG = {"displaylogo": False, "scrollZoom": True, "responsive": True,
                "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 
@@ -116,10 +118,7 @@ def write(path: Path, title: str, subtitle: str, sections: list[Section]) -> Pat
     """Write the page atomically (a half-written report never replaces a good one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(title, subtitle, sections), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_text_atomic(path, render(title, subtitle, sections))
 
 
 def kv_table(rows: list[list[str]], header: list[str]) -> str:
