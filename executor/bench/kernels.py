@@ -51,15 +51,23 @@ def kernel_ops(spec: dict) -> list[Op]:
     return ops
 
 
+FLUSH_BYTES = 64 << 20
+"""Bytes written between timed calls so each starts with cold caches, as inside a training
+step where other ops ran in between (Triton's do_bench flushes the L2 the same way)."""
+
+
 def time_op(kernels: Kernels, op: Op, repeats: int, warmup: int) -> list[float]:
-    """Seconds per call of ``op``, ``repeats`` times after ``warmup`` untimed calls."""
+    """Seconds per call of ``op``, ``repeats`` times after ``warmup`` untimed calls; the
+    caches are flushed (untimed) before each timed call."""
     cuda = kernels.device.type == "cuda"
+    scratch = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=kernels.device)
     for _ in range(warmup):
         kernels.run(op)
     if cuda:
         torch.cuda.synchronize(kernels.device)
     times = []
     for _ in range(repeats):
+        scratch.fill_(1.0)
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
