@@ -17,23 +17,28 @@ KERNEL_KIND = {"gemm": "gemm", "attention": "attention", "attention.bwd": "atten
 
 
 def read_csv(path: Path) -> list[dict]:
-    """Rows of a bench CSV with numbers parsed; a missing or foreign file says so."""
+    """Rows of a `paratwin bench` CSV: numbers parsed, other columns kept as text, rows
+    without a positive median time dropped; a missing or foreign file says so."""
+    path = Path(path)
     if not path.exists():
         raise ValueError(f"{path} does not exist; run `paratwin bench out_dir={path.parent}` first")
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     need = {"kind", "time_s_median", "time_s_p10", "time_s_p90"}
-    if rows and not need <= set(rows[0]):
+    if rows and not need <= {k.strip() for k in rows[0] if k}:
         raise ValueError(f"{path} is not a paratwin bench CSV (missing {sorted(need - set(rows[0]))})")
     out = []
     for r in rows:
-        d = dict(r)
+        d = {}
         for k, v in r.items():
+            if k is None:
+                continue
             try:
-                d[k] = float(v)
+                d[k.strip()] = float(v)
             except (TypeError, ValueError):
-                pass
-        out.append(d)
+                d[k.strip()] = (v or "").strip()
+        if isinstance(d.get("time_s_median"), float) and d["time_s_median"] > 0:
+            out.append(d)
     return out
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from tests.conftest import cluster
+from twin.calibrate_profile import read_csv
 from twin.cost import default_cost_model, ring_allreduce_time
 from twin.report import calibration, sweep
 from twin.report import rundir as rd
@@ -64,7 +65,7 @@ def test_kernel_model_is_compute_time_of_the_measured_op():
 
 def test_bench_csvs_read_tolerantly_and_drawn_with_the_model(bench_dir):
     run = rd.load(bench_dir)
-    rows = calibration.read_rows(bench_dir / "collectives.csv")
+    rows = read_csv(bench_dir / "collectives.csv")
     assert len(rows) == 7 and rows[0]["extra"] == "x" and rows[0]["bytes"] == 4096.0
     figs, note = calibration.calibration_figures(run)
     assert "cpu_local with 2 ranks" in note

@@ -9,7 +9,6 @@ with the measured kind, shape, dtype, FLOPs and bytes.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
@@ -22,6 +21,7 @@ import plotly.graph_objects as go
 import yaml
 from plotly.subplots import make_subplots
 
+from twin.calibrate_profile import read_csv
 from twin.cost import CostModel, default_cost_model
 from twin.report.rundir import Run, cluster_from_config, csv_kind
 from twin.schedule.ir import COLLECTIVE_KINDS, COMPUTE_KINDS, Op, Program
@@ -30,25 +30,6 @@ from twin.spec import ClusterSpec, ModelSpec, ParallelPlan, build_job
 
 MODELLED = (*COLLECTIVE_KINDS, "sendrecv")
 SIZE_COLORS = ("#3366CC", "#DC3912", "#FF9900", "#109618", "#990099", "#0099C6", "#DD4477")
-
-
-def read_rows(path: Path) -> list[dict]:
-    """Rows of a benchmark CSV; numeric columns become floats, unknown columns are kept."""
-    out = []
-    with path.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            clean = {}
-            for k, v in row.items():
-                if k is None:
-                    continue
-                k = k.strip()
-                try:
-                    clean[k] = float(v)
-                except (TypeError, ValueError):
-                    clean[k] = (v or "").strip()
-            if isinstance(clean.get("time_s_median"), float) and clean["time_s_median"] > 0:
-                out.append(clean)
-    return out
 
 
 CONF_CLUSTERS = Path(__file__).resolve().parents[2] / "conf" / "cluster"
@@ -150,9 +131,8 @@ def _grid(kinds: list[str]) -> tuple[int, int]:
     return math.ceil(len(kinds) / cols), cols
 
 
-def collective_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel | None) \
-        -> go.Figure:
-    """One log-log panel per collective kind: measured points and the twin's line per group size."""
+def _panels(rows: list[dict]):
+    """Rows by kind, the kinds, and a grid of one log-log panel per kind."""
     by_kind: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_kind[str(r["kind"])].append(r)
@@ -160,6 +140,13 @@ def collective_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostM
     nr, nc = _grid(kinds)
     fig = make_subplots(rows=nr, cols=nc, subplot_titles=kinds, horizontal_spacing=0.07,
                         vertical_spacing=0.12)
+    return by_kind, kinds, nr, nc, fig
+
+
+def collective_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel | None) \
+        -> go.Figure:
+    """One log-log panel per collective kind: measured points and the twin's line per group size."""
+    by_kind, kinds, nr, nc, fig = _panels(rows)
     sizes = sorted({int(r["group_size"]) for r in rows})
     for i, kind in enumerate(kinds):
         row, col = i // nc + 1, i % nc + 1
@@ -195,13 +182,7 @@ def collective_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostM
 
 def kernel_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel | None) -> go.Figure:
     """One log-log panel per kernel kind: time against FLOPs (bytes if the kind has none)."""
-    by_kind: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        by_kind[str(r["kind"])].append(r)
-    kinds = sorted(by_kind)
-    nr, nc = _grid(kinds)
-    fig = make_subplots(rows=nr, cols=nc, subplot_titles=kinds, horizontal_spacing=0.07,
-                        vertical_spacing=0.12)
+    by_kind, kinds, nr, nc, fig = _panels(rows)
     dtypes = sorted({str(r.get("dtype", "")) for r in rows})
     for i, kind in enumerate(kinds):
         row, col = i // nc + 1, i % nc + 1
@@ -240,8 +221,8 @@ def calibration_figures(run: Run, cluster_name: str | None = None) -> tuple[list
     """The figures of one directory's benchmark CSVs, and a note on the model used."""
     cluster, on = bench_cluster(run, cluster_name)
     cost, where = load_profile(run, cluster)
-    coll = [r for p in run.bench_csvs if csv_kind(p) == "collective" for r in read_rows(p)]
-    kern = [r for p in run.bench_csvs if csv_kind(p) == "kernel" for r in read_rows(p)]
+    coll = [r for p in run.bench_csvs if csv_kind(p) == "collective" for r in read_csv(p)]
+    kern = [r for p in run.bench_csvs if csv_kind(p) == "kernel" for r in read_csv(p)]
     figs = []
     if coll:
         figs.append(collective_figure(coll, cluster, cost))

@@ -10,7 +10,6 @@ directories inside (a Hydra ``-m`` sweep) stands for those.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import gzip
 import json
 import re
@@ -20,16 +19,8 @@ from pathlib import Path
 import yaml
 
 from twin.metrics import summarize
-from twin.spec import (
-    ClusterSpec,
-    GPUSpec,
-    InterNodeSpec,
-    IntraNodeSpec,
-    Job,
-    ModelSpec,
-    ParallelPlan,
-    build_job,
-)
+from twin.spec import ClusterSpec, Job
+from twin.spec.io import cluster_from_dict, job_from_dict
 from twin.trace import FORMAT, Trace
 
 TRACE_NAMES = ("spans.json", "spans.json.gz")
@@ -138,18 +129,10 @@ def _find_profile(run_dir: Path) -> Path | None:
     return None
 
 
-def _build(cls, data: dict):
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
-
-
 def cluster_from_config(c: dict) -> ClusterSpec | None:
-    """A ClusterSpec from a config's ``cluster`` node (fields it lacks take their defaults)."""
+    """A ClusterSpec from a config's ``cluster`` node; None when it cannot be built."""
     try:
-        c = {k: v for k, v in dict(c).items() if k != "defaults"}
-        return _build(ClusterSpec, {**c, "gpu": _build(GPUSpec, c.get("gpu") or {}),
-                                    "intra": _build(IntraNodeSpec, c.get("intra") or {}),
-                                    "inter": _build(InterNodeSpec, c.get("inter") or {})})
+        return cluster_from_dict(c)
     except Exception:  # noqa: BLE001 - a malformed cluster: none, the report degrades
         return None
 
@@ -158,9 +141,7 @@ def job_from_config(cfg: dict) -> Job | None:
     """The job of a resolved config or a trace's ``meta.job``; None when it cannot be built
     (the report then leaves out what needs it, rather than failing)."""
     try:
-        cluster = cluster_from_config(cfg["cluster"])
-        return build_job(_build(ModelSpec, cfg["model"]), cluster,
-                         _build(ParallelPlan, cfg["parallel"]))
+        return job_from_dict(cfg)
     except Exception:  # noqa: BLE001 - any malformed config: no job, the report degrades
         return None
 

@@ -21,9 +21,22 @@ def job_to_dict(job: Job) -> dict:
     return out
 
 
+def _fields(node) -> dict:
+    """A config node as keyword arguments: Hydra's ``defaults`` list left out."""
+    return {k: v for k, v in dict(node or {}).items() if k != "defaults"}
+
+
+def cluster_from_dict(c: dict) -> ClusterSpec:
+    """A ClusterSpec from a dict (``job_to_dict``'s, a resolved config's or a preset file's);
+    absent fields and blocks take their defaults."""
+    c = _fields(c)
+    return ClusterSpec(**{**c, "gpu": GPUSpec(**_fields(c.get("gpu"))),
+                          "intra": IntraNodeSpec(**_fields(c.get("intra"))),
+                          "inter": InterNodeSpec(**_fields(c.get("inter")))})
+
+
 def job_from_dict(d: dict) -> Job:
-    """Inverse of ``job_to_dict`` (validates again)."""
-    c = dict(d["cluster"])
-    cluster = ClusterSpec(**{**c, "gpu": GPUSpec(**c["gpu"]), "intra": IntraNodeSpec(**c["intra"]),
-                             "inter": InterNodeSpec(**c["inter"])})
-    return build_job(ModelSpec(**d["model"]), cluster, ParallelPlan(**d["parallel"]))
+    """Inverse of ``job_to_dict`` (validates again); also reads a resolved config's
+    model, cluster and parallel nodes."""
+    return build_job(ModelSpec(**_fields(d["model"])), cluster_from_dict(d["cluster"]),
+                     ParallelPlan(**_fields(d["parallel"])))
