@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from executor import rundir  # noqa: E402
 from executor.launch import launch_local  # noqa: E402
+from twin import rundir  # noqa: E402
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -24,22 +25,12 @@ import torch.distributed as dist
 from executor.kernels import torch_dtype
 from twin.schedule.ir import Op
 
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Backend
+
 MAX_VERIFY_WORLD = 24
 CHUNK_SHIFT = 2.0 ** 24
 _TAG_MASK = 0x3FFFFFFF
-
-
-# busbw = algbw * factor (nccl-tests doc/PERFORMANCE.md); gather/scatter as in its gather.cu,
-# scatter.cu; a ring of send/recv moves each byte once.
-def busbw_factor(kind: str, n: int) -> float:
-    """nccl-tests' bus-bandwidth factor of a collective over ``n`` ranks."""
-    if kind == "all_reduce":
-        return 2 * (n - 1) / n
-    if kind in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        return (n - 1) / n
-    if kind in ("broadcast", "reduce", "sendrecv", "send", "recv"):
-        return 1.0
-    raise ValueError(f"no bus-bandwidth factor for {kind!r}")
 
 
 def p2p_tag(tag: str) -> int:
@@ -76,10 +67,11 @@ class BufferPool:
 class Issued:
     """An issued collective or p2p: its work handle, its buffers, and the tensor it fills."""
 
-    work: object
+    work: dist.Work
     buffers: tuple[torch.Tensor, ...]
-    result: torch.Tensor | None
-    """What the op produces on this rank (None: nothing, e.g. a send or a non-root reduce)."""
+    result: torch.Tensor | _Cat | None
+    """What the op produces on this rank (None: nothing, e.g. a send or a non-root reduce;
+    a gather's root: its pieces, read as one tensor when checked)."""
 
 
 def _numel(nbytes: float, itemsize: int, parts: int = 1) -> int:
@@ -153,7 +145,7 @@ def _fill(buf: torch.Tensor, op: Op, rank: int, chunks: int = 1) -> None:
         part.fill_(sent_value(op, rank, c))
 
 
-def issue(pg, op: Op, rank: int, pool: BufferPool, verify: bool = False,
+def issue(pg: Backend, op: Op, rank: int, pool: BufferPool, verify: bool = False,
           pair: bool = True) -> Issued:
     """Start ``op`` asynchronously on backend ``pg`` (a gloo or NCCL ``Backend``).
 

@@ -24,13 +24,32 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from twin.schedule.ir import Program
+from twin.schedule.ir import Op, Program
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Backend  # gloo's or NCCL's, as ops are issued on
 
 Key = tuple[str, tuple[int, ...]]
+"""A collective communicator: (stream, group's ranks)."""
+Pair = tuple[int, int]
+"""A p2p communicator: (sender, receiver)."""
+
+
+class CommSpec(NamedTuple):
+    """One communicator to build, in the global order every rank follows."""
+
+    name: str
+    """Its store prefix, e.g. 'comm/0-1-2-3' or 'p2p/0->4'."""
+    members: tuple[int, ...]
+    """Its ranks in rank order (a group index is a position here)."""
+    key: Key | Pair
+    """Where it goes in Comms: ``collective[key]``, or ``p2p[key]`` when ``is_p2p``."""
+    is_p2p: bool
 
 
 def comm_keys(programs: dict[int, Program]) -> list[Key]:
@@ -39,7 +58,7 @@ def comm_keys(programs: dict[int, Program]) -> list[Key]:
                    if op.is_collective})
 
 
-def p2p_pairs(programs: dict[int, Program]) -> list[tuple[int, int]]:
+def p2p_pairs(programs: dict[int, Program]) -> list[Pair]:
     """Sorted (sender, receiver) of every send and recv in ``programs``."""
     pairs = set()
     for r, p in programs.items():
@@ -69,11 +88,11 @@ class Comms:
     ``p2p[(sender, receiver)]`` (two members, in rank order)."""
 
     rank: int
-    collective: dict[Key, object] = field(default_factory=dict)
-    p2p: dict[tuple[int, int], object] = field(default_factory=dict)
+    collective: dict[Key, Backend] = field(default_factory=dict)
+    p2p: dict[Pair, Backend] = field(default_factory=dict)
     backend: str = "gloo"
 
-    def for_op(self, op) -> object:
+    def for_op(self, op: Op) -> Backend:
         """The backend an op runs on (KeyError names the op if its group was not built)."""
         if op.is_p2p:
             pair = (self.rank, op.peer) if op.kind == "send" else (op.peer, self.rank)
@@ -90,8 +109,8 @@ class Comms:
                            f"{op.stream} over ranks {op.group}, which was not built") from None
 
 
-def _gloo(store, name: str, group: tuple[int, ...], rank: int, timeout: datetime.timedelta,
-          loopback: bool):
+def _gloo(store: dist.Store, name: str, group: tuple[int, ...], rank: int,
+          timeout: datetime.timedelta, loopback: bool) -> dist.ProcessGroupGloo:
     opts = dist.ProcessGroupGloo._Options()
     opts._threads = 1
     opts._timeout = timeout
@@ -100,28 +119,30 @@ def _gloo(store, name: str, group: tuple[int, ...], rank: int, timeout: datetime
     return dist.ProcessGroupGloo(prefix, group.index(rank), len(group), opts)
 
 
-def build_comms(programs: dict[int, Program], rank: int, world_size: int, store, backend: str,
-                timeout_s: float, loopback: bool = False, prefix: str = "replay") -> Comms:
+def build_comms(programs: dict[int, Program], rank: int, world_size: int, store: dist.Store,
+                backend: str, timeout_s: float, loopback: bool = False,
+                prefix: str = "replay") -> Comms:
     """Build this rank's communicators; every rank must call this with the same programs
     (and a ``prefix`` not used before in this store, when building several sets)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     comms = Comms(rank=rank, backend=backend)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend {backend!r} is not gloo or nccl")
-    wanted = [(f"{stream}/{'-'.join(map(str, group))}", group, ("c", (stream, group)))
+    wanted = [CommSpec(f"{stream}/{'-'.join(map(str, group))}", group, (stream, group), False)
               for stream, group in comm_keys(programs)]
-    wanted += [(f"p2p/{a}->{b}", tuple(sorted((a, b))), ("p", (a, b)))
+    wanted += [CommSpec(f"p2p/{a}->{b}", tuple(sorted((a, b))), (a, b), True)
                for a, b in p2p_pairs(programs)]
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
-    for name, group, (which, key) in wanted:
+    for spec in wanted:
+        group = spec.members
         if backend == "gloo":
-            pg = _gloo(store, f"{prefix}/{name}", group, rank, timeout, loopback) \
+            pg = _gloo(store, f"{prefix}/{spec.name}", group, rank, timeout, loopback) \
                 if rank in group else None
         else:
             new = dist.new_group(list(group), timeout=timeout, backend="nccl")
             pg = new._get_backend(device) if rank in group else None
         if pg is not None:
-            (comms.collective if which == "c" else comms.p2p)[key] = pg
+            (comms.p2p if spec.is_p2p else comms.collective)[spec.key] = pg
             if backend == "nccl":
                 # NCCL creates a communicator at its first op, blocking until every member
                 # gets there: touch each now, in the global order, so that the schedule's own

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from executor.rundir import write_json
+from twin.rundir import write_json
 
 
 def _gemms(a: torch.Tensor, b: torch.Tensor, repeats: int) -> list[float]:

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from executor import rundir
 from executor.progress import Board, Slot
+from twin import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.05
@@ -45,12 +45,18 @@ class LaunchError(RuntimeError):
 
 @dataclass
 class LaunchResult:
+    """A local run that finished: where, how many ranks, and how it went."""
+
     run_dir: Path
     world_size: int
     pids: list[int] = field(default_factory=list)
+    """The ranks' process ids, in rank order."""
     port: int | None = None
+    """The rendezvous port on 127.0.0.1 (None with rendezvous=file)."""
     wall_s: float = 0.0
+    """From the first spawn to the last rank's exit."""
     notes: list[str] = field(default_factory=list)
+    """What the launcher had to work around (a port in use, ...)."""
 
 
 def bind_loopback(port: int | None, log: Callable[[str], None]) -> socket.socket:

@@ -16,8 +16,17 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-_REPORTER = None  # this process's progress reporter, once known (for error reports)
+if TYPE_CHECKING:  # torch and the IR load only inside run(): a rank imports this module first
+    import torch
+    import torch.distributed as dist
+
+    from executor.env import RankEnv
+    from executor.progress import Board, Reporter, Slot
+    from twin.schedule.ir import Program
+
+_REPORTER: Reporter | None = None  # this process's progress reporter, once known (for errors)
 
 # run.json's "task": one of these names, or any "module:function" taking a RankContext
 TASKS = {
@@ -33,13 +42,20 @@ class RankContext:
     """What a task gets: identity, settings, the store and device, and the progress reporter."""
 
     run_dir: Path
-    settings: dict
-    env: object
-    store: object
-    device: object
+    settings: dict[str, Any]
+    """run.json as the launcher wrote it (task, world_size, timeouts, task options)."""
+    env: RankEnv
+    """Who this rank is and how it reaches the others."""
+    store: dist.Store
+    """The rendezvous store (TCP or file) every group of the run is built over."""
+    device: torch.device
+    """cuda:LOCAL_RANK with NCCL, else cpu."""
     backend: str
-    reporter: object
-    board: object
+    """gloo or nccl (resolved from auto)."""
+    reporter: Reporter
+    """This rank's slot on the progress board: call before each op."""
+    board: Board
+    """The whole progress board (every rank's slot)."""
 
     @property
     def rank(self) -> int:
@@ -63,7 +79,7 @@ def resolve_backend(name: str) -> str:
     return name
 
 
-def make_store(env, timeout: datetime.timedelta):
+def make_store(env: RankEnv, timeout: datetime.timedelta) -> dist.Store:
     """The rendezvous store: the local launcher's (TCP or file), or rank 0's (SLURM, env)."""
     import torch.distributed as dist
 
@@ -76,8 +92,9 @@ def make_store(env, timeout: datetime.timedelta):
                          timeout=timeout)
 
 
-def _record_error(run_dir: Path, rank: int, err: BaseException, reporter) -> None:
-    from executor.rundir import error_path, write_json
+def _record_error(run_dir: Path, rank: int, err: BaseException,
+                  reporter: Reporter | None) -> None:
+    from twin.rundir import error_path, write_json
 
     slot = reporter.board.read(rank) if reporter is not None else None
     report = {"rank": rank, "type": type(err).__name__, "message": str(err),
@@ -98,7 +115,7 @@ def run(run_dir: Path) -> None:
 
     from executor.env import rank_env
     from executor.progress import Board, Reporter, SelfWatchdog
-    from executor.rundir import PROGRESS, read_settings
+    from twin.rundir import PROGRESS, read_settings
 
     settings = read_settings(run_dir)
     env = rank_env()
@@ -147,7 +164,7 @@ def run(run_dir: Path) -> None:
     dist.destroy_process_group()
 
 
-def describe_slot(programs: dict, rank: int, slot) -> str:
+def describe_slot(programs: dict[int, Program], rank: int, slot: Slot) -> str:
     """'measure, step 2, op 17 'fwd/mb0/L0/qkv' (gemm)' for messages about a rank's position."""
     where = f"{slot.phase}"
     if slot.step >= 0:

@@ -26,11 +26,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from executor import collectives
 from executor.collectives import BufferPool, Issued
+from executor.groups import Comms, Key
 from executor.kernels import Kernels
 from executor.memory import MemoryPool
 from executor.progress import Reporter
@@ -53,12 +55,20 @@ class Fault:
     op: int = 0
 
 
+class OpTimes(NamedTuple):
+    """When one op ran, in ns from the step's origin (a tuple: it pickles and saves as a pair)."""
+
+    start_ns: int
+    end_ns: int
+
+
 @dataclass
 class StepTimes:
-    """One rank's step: per op (start_ns, end_ns) from the step's origin, and memory."""
+    """One rank's step: per op its times from the step's origin, and memory."""
 
-    times: list[tuple[int, int]]
+    times: list[OpTimes]
     peak_bytes: int
+    """The peak of the executor's count of live alloc/free buffers."""
 
 
 def describe(op: Op) -> str:
@@ -69,7 +79,8 @@ def describe(op: Op) -> str:
 class Replayer:
     """Runs ``program`` step after step on ``comms`` (CPU; see CudaReplayer for GPU)."""
 
-    def __init__(self, program: Program, comms, device: torch.device, *, verify: bool = False,
+    def __init__(self, program: Program, comms: Comms, device: torch.device, *,
+                 verify: bool = False,
                  wait_timeout_s: float = 600.0, reporter: Reporter | None = None,
                  fault: Fault | None = None):
         self.ops, self.rank = program.ops, program.rank
@@ -80,10 +91,11 @@ class Replayer:
         self.memory = MemoryPool(device)
         self.pool = BufferPool(device)
         self.is_async = [op.is_collective or op.is_p2p for op in self.ops]
-        self.key = [(op.stream, tuple(op.group)) if op.is_collective else None for op in self.ops]
+        self.key: list[Key | None] = [(op.stream, tuple(op.group)) if op.is_collective else None
+                                      for op in self.ops]
         # the previous op on the same communicator: its end bounds this op's start (FIFO)
         self.prev_same_key: list[int | None] = []
-        last: dict = {}
+        last: dict[Key, int] = {}
         for i, k in enumerate(self.key):
             self.prev_same_key.append(last.get(k) if k else None)
             if k:
@@ -270,7 +282,7 @@ class Replayer:
         self._drain_memory()
         self._retire_completed()
 
-    def _resolve(self) -> list[tuple[int, int]]:
+    def _resolve(self) -> list[OpTimes]:
         out = []
         for i in range(len(self.ops)):
             end = self._end[i] if self._end[i] is not None else self._start[i]
@@ -281,7 +293,7 @@ class Replayer:
                 if prev is not None and self._end[prev] is not None:
                     start = max(start, self._end[prev])
                 start = min(start, end)
-            out.append((start, end))
+            out.append(OpTimes(start, end))
         return out
 
 

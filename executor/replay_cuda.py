@@ -21,7 +21,7 @@ import time
 import torch
 
 from executor import collectives
-from executor.replay import Replayer, ReplayError, describe
+from executor.replay import OpTimes, Replayer, ReplayError, describe
 from twin.schedule.ir import Op
 
 
@@ -30,7 +30,8 @@ class CudaReplayer(Replayer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._side: dict[object, torch.cuda.Stream] = {}
+        # one side stream per communicator key, or per ("p2p", kind, peer) direction
+        self._side: dict[tuple, torch.cuda.Stream] = {}
 
     def _event(self, stream=None) -> torch.cuda.Event:
         ev = torch.cuda.Event(enable_timing=True)
@@ -124,7 +125,7 @@ class CudaReplayer(Replayer):
             i = next(iter(self._issued))
             raise ReplayError(f"rank {self.rank}: {describe(self.ops[i])} never completed")
 
-    def _resolve(self) -> list[tuple[int, int]]:
+    def _resolve(self) -> list[OpTimes]:
         def ns(ev: torch.cuda.Event) -> int:
             return int(self._origin_ev.elapsed_time(ev) * 1e6)
 
@@ -133,5 +134,5 @@ class CudaReplayer(Replayer):
             start, end = ns(self._ev_start[i]), ns(self._ev_end[i])
             if op.is_memory:  # no earlier than its deps
                 start = end = max([start] + [ns(self._ev_end[d]) for d in op.deps])
-            out.append((start, max(start, end)))
+            out.append(OpTimes(start, max(start, end)))
         return out

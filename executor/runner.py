@@ -24,23 +24,18 @@ import torch.distributed as dist
 from executor.groups import build_comms
 from executor.rank import RankContext
 from executor.replay import Fault, Replayer
-from executor.rundir import CHROME, SCHEDULE, SUMMARY, TRACE, write_json
+from twin.chrome import chrome_trace
 from twin.metrics import summarize
+from twin.rundir import CHROME, SCHEDULE, SUMMARY, TRACE, write_json
 from twin.schedule.ir import Schedule
 from twin.spec.io import job_to_dict
-from twin.trace import Span, Trace, chrome_trace
+from twin.trace import Span, Trace
 
 
 def spans_of(program, step: int, times: list[tuple[int, int]], base_us: float) -> list[Span]:
     """One span per op (Span.op == Op.name) at ``base_us`` + the op's times from the step origin."""
-    out = []
-    for op, (start, end) in zip(program.ops, times):
-        out.append(Span(rank=program.rank, step=step, op=op.name, kind=op.kind, stream=op.stream,
-                        start_us=base_us + start / 1e3, end_us=base_us + end / 1e3,
-                        phase=op.phase, layer=op.layer, mb=op.mb, group=op.group_name,
-                        bytes=op.bytes, flops=op.flops, category=op.category, peer=op.peer,
-                        tag=op.tag))
-    return out
+    return [Span.of(op, program.rank, step, base_us + start / 1e3, base_us + end / 1e3)
+            for op, (start, end) in zip(program.ops, times)]
 
 
 def run_meta(ctx: RankContext, job, measured: int) -> dict:

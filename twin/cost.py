@@ -23,6 +23,7 @@ import yaml
 from twin.files import write_text_atomic
 from twin.schedule.ir import Op
 from twin.spec import ClusterSpec, GPUSpec
+from twin.vocab import COMPUTE_KINDS
 
 PROFILE_FORMAT = "paratwin-profile"
 PROFILE_VERSION = 1
@@ -147,7 +148,7 @@ class CostModel:
             if f.name not in data:
                 continue
             v = data[f.name]
-            if f.name in ("gemm", "attention", "elementwise", "optimizer"):
+            if f.name in COMPUTE_KINDS:
                 v = KernelCost(**v)
             elif f.name in ("intra", "inter"):
                 v = LinkCost(**v)

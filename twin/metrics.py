@@ -10,12 +10,15 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+import numpy as np
+
 from twin.spec import Job
 from twin.trace import Span, Trace
+from twin.vocab import COMPUTE_KINDS, MEMORY_CATEGORIES, MEMORY_KINDS, PIPELINE_PHASES
 from twin.workload.flops import model_flops_per_step
 
-COMPUTE = ("gemm", "attention", "elementwise", "optimizer")
-MEMORY = ("alloc", "free")
+COMPUTE = COMPUTE_KINDS
+MEMORY = MEMORY_KINDS
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:
@@ -66,6 +69,33 @@ def peak_memory(spans: list[Span]) -> float:
     return peak
 
 
+def live_series(spans: list[Span]) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Times (us), categories, and live bytes per category after each instant (one rank)."""
+    events = sorted((s.step, s.start_us, 0 if s.kind == "free" else 1, s.category or "other",
+                     s.bytes) for s in spans if s.kind in MEMORY_KINDS)
+    cats = sorted({e[3] for e in events}, key=lambda c: (
+        MEMORY_CATEGORIES.index(c) if c in MEMORY_CATEGORIES else 99, c))
+    col = {c: i for i, c in enumerate(cats)}
+    live = np.zeros(len(cats))
+    times: list[float] = []
+    rows: list[np.ndarray] = []
+    step = None
+    for k, t, is_alloc, cat, nbytes in events:
+        if k != step:
+            if step is not None:  # the step ends: everything is released
+                times.append(t)
+                rows.append(np.zeros(len(cats)))
+            step, live = k, np.zeros(len(cats))
+        live[col[cat]] += nbytes if is_alloc else -nbytes
+        if times and times[-1] == t:
+            rows[-1] = live.copy()
+        else:
+            times.append(t)
+            rows.append(live.copy())
+    values = np.array(rows).reshape(len(rows), len(cats))
+    return np.array(times), cats, np.clip(values, 0, None)
+
+
 def step_stats(spans: list[Span]) -> dict:
     """Per-step figures of one step's spans (all ranks present in the trace)."""
     timed = [s for s in spans if s.kind not in MEMORY]
@@ -76,7 +106,7 @@ def step_stats(spans: list[Span]) -> dict:
     step_us = end - start
     ranks = sorted({s.rank for s in spans})
     # the pipeline's window: first forward to last backward compute over all ranks
-    pipe = [s for s in timed if s.kind in COMPUTE and s.phase in ("fwd", "bwd", "recompute")]
+    pipe = [s for s in timed if s.kind in COMPUTE and s.phase in PIPELINE_PHASES]
     w0 = min((s.start_us for s in pipe), default=start)
     w1 = max((s.end_us for s in pipe), default=end)
     compute, idle, mem = {}, {}, {}
@@ -104,7 +134,7 @@ def step_stats(spans: list[Span]) -> dict:
         # forward/backward (p2p waits and the step-end syncs' waits are the bubble)
         clip = [(max(a, w0), min(b, w1)) for a, b in busy if b > w0 and a < w1]
         coll = [(max(s.start_us, w0), min(s.end_us, w1)) for s in mine
-                if s.kind not in COMPUTE and s.group != "pp" and s.phase in ("fwd", "bwd", "recompute")
+                if s.kind not in COMPUTE and s.group != "pp" and s.phase in PIPELINE_PHASES
                 and s.end_us > w0 and s.start_us < w1]
         bubble[r] = max(0.0, (w1 - w0) - union_length(clip) - exposed_length(coll, clip))
         mem[r] = peak_memory(mem_by_rank[r])

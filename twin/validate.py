@@ -11,8 +11,9 @@ import statistics
 from collections import defaultdict
 
 from twin.trace import Trace
+from twin.vocab import MEMORY_KINDS
 
-MEMORY = ("alloc", "free")
+MEMORY = MEMORY_KINDS
 
 
 def kind_key(kind: str, group: str) -> str:

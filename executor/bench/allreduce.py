@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 
 from executor.bench.report import spread
-from executor.collectives import busbw_factor
 from executor.groups import build_comms
 from executor.replay import Replayer
-from executor.rundir import write_json
+from twin.rundir import write_json
 from twin.schedule.ir import Op, Program
+from twin.vocab import busbw_factor
 
 
 def _slowest(values: list[float]) -> list[float]:

@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 
 from executor.bench.report import COLLECTIVE_COLUMNS, CsvWriter, spread
-from executor.collectives import BufferPool, busbw_factor, issue
+from executor.collectives import BufferPool, issue
 from executor.groups import _gloo
 from twin.schedule.ir import Op
+from twin.vocab import BENCH_ONLY_KINDS, COLLECTIVE_KINDS, busbw_factor
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather",
-         "scatter", "all_to_all", "sendrecv")
+KINDS = (*COLLECTIVE_KINDS, *BENCH_ONLY_KINDS)
 
 
 def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:

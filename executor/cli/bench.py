@@ -12,9 +12,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from executor import rundir
 from executor.bench.collectives import KINDS, group_sizes, message_sizes
 from executor.kernels import DTYPES
+from twin import rundir
 from twin.spec import ConfigError
 from twin.spec.errors import check_choice
 

@@ -46,8 +46,8 @@ def run_bench(run_dir: Path, overrides: list[str], timeout_s: float) -> Path:
 
 
 def run_interference(run_dir: Path, world: int, gemm_n: int, timeout_s: float) -> dict:
-    from executor import rundir
     from executor.launch import launch_local
+    from twin import rundir
 
     out = run_dir / "interference"
     rundir.prepare(out)

@@ -56,7 +56,7 @@ def conformance_task(ctx) -> None:
         replicate_partial_grads,
         step_batch,
     )
-    from executor.rundir import write_json
+    from twin.rundir import write_json
     from twin.spec.io import job_from_dict
 
     s = ctx.settings

@@ -12,10 +12,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from executor import rundir
 from executor.conformance.compare import RULES, compare, group_name, ir_entries, table, to_dict, torch_entries
 from executor.conformance.rank import TASK, result_path
 from executor.conformance.train import reference_losses, relative_error
+from twin import rundir
 from twin.schedule.builder import build_schedule
 from twin.spec import Job
 from twin.spec.io import job_to_dict

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from executor import rundir  # noqa: E402
 from executor.launch import launch_local  # noqa: E402
+from twin import rundir  # noqa: E402
 from twin.schedule.ir import COLLECTIVE_KINDS, Op, Program, Schedule  # noqa: E402
 from twin.spec import ClusterSpec, GPUSpec, ModelSpec, ParallelPlan, build_job  # noqa: E402
 from twin.trace import Trace  # noqa: E402

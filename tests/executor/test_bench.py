@@ -11,9 +11,9 @@ pytest.importorskip("torch")
 
 from executor.bench.collectives import KINDS, group_sizes, message_sizes  # noqa: E402
 from executor.bench.report import COLLECTIVE_COLUMNS, KERNEL_COLUMNS, quantile  # noqa: E402
-from executor.collectives import busbw_factor  # noqa: E402
 from tests.executor.helpers import paratwin  # noqa: E402
 from twin.schedule.ir import COLLECTIVE_KINDS  # noqa: E402
+from twin.vocab import busbw_factor  # noqa: E402
 
 
 def rows(path):

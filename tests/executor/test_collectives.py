@@ -11,13 +11,13 @@ torch = pytest.importorskip("torch")
 from executor.collectives import (  # noqa: E402
     BufferPool,
     Issued,
-    busbw_factor,
     check,
     expected,
     p2p_tag,
     sent_value,
 )
 from twin.schedule.ir import COLLECTIVE_KINDS, Op  # noqa: E402
+from twin.vocab import busbw_factor  # noqa: E402
 
 PER = 3  # elements per chunk in these tests
 

@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from executor import rundir  # noqa: E402
 from executor.launch import LaunchError, launch_local  # noqa: E402
 from executor.progress import Board  # noqa: E402
 from tests.executor.helpers import ROOT, alive, listening_addresses, paratwin, rank_pids  # noqa: E402
+from twin import rundir  # noqa: E402
 from twin.schedule.ir import Schedule  # noqa: E402
 from twin.trace import Trace  # noqa: E402
 

@@ -6,8 +6,11 @@ import json
 
 import pytest
 
+from twin.chrome import chrome_trace as chrome_events
+from twin.chrome import write_chrome
 from twin.report import rundir as rd
-from twin.report.chrome import FALLBACK_NAME, chrome_events, chrome_path, write_chrome
+from twin.rundir import CHROME_FALLBACK as FALLBACK_NAME
+from twin.rundir import chrome_path
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from twin.metrics import MEMORY, peak_memory
+from twin.metrics import MEMORY, live_series, peak_memory
 from twin.report import rundir as rd
 from twin.report import summary
-from twin.report.memory import live_series, memory_figure, pick_ranks
+from twin.report.memory import memory_figure, pick_ranks
 
 
 def test_live_series_peak_is_the_summarized_peak(runs):

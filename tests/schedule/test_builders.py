@@ -68,7 +68,9 @@ def test_schedule_traffic_equals_the_closed_forms(name):
 
 
 def test_ddp_all_reduce_bytes_equal_gradient_bytes_and_overlap_backward():
-    job = build_job(gpt(), cluster(), ParallelPlan(global_batch_size=16))  # 2 micro-batches
+    # ddp_bucket_MB=2: this model's 13.8 MB of gradients fill several buckets (at the
+    # default 25 MiB they fit in one, which cannot overlap backward; see the next test)
+    job = build_job(gpt(), cluster(), ParallelPlan(global_batch_size=16, ddp_bucket_MB=2))
     prog = build_program(job, 0)
     ars = [i for i, op in enumerate(prog.ops) if op.kind == "all_reduce" and op.group_name == "dp"]
     assert sum(prog.ops[i].bytes for i in ars) == stage_params(job, 0) * 2
@@ -77,7 +79,28 @@ def test_ddp_all_reduce_bytes_equal_gradient_bytes_and_overlap_backward():
     assert ars[0] < last_bwd  # the first bucket is issued while backward still runs
     for i in ars:  # each waits for exactly its gradients
         assert all(prog.ops[d].kind in ("gemm", "elementwise") for d in prog.ops[i].deps)
-    assert prog.ops[ars[0]].bytes >= 1024 * 1024  # first bucket: 1 MiB cap (PyTorch DDP)
+    # every bucket but the last closes at the cap, the first too: DDP given bucket_cap_mb
+    # caps its first bucket at it after the rebuild (it was 1 MiB, DDP's default first cap)
+    assert all(prog.ops[i].bytes >= 2 * 1024 * 1024 for i in ars[:-1])
+
+
+def test_ddp_steady_state_puts_gradients_under_the_cap_in_one_bucket():
+    """DDP(bucket_cap_mb=25) rebuilds its buckets after the first step with the first one
+    capped at 25 MiB as well (torch 2.13, torch/nn/parallel/distributed.py,
+    _BucketCapacityConfig.create), so 13.8 MB of gradients are all-reduced in one call,
+    not in a 1 MiB bucket and a second one (tests/conformance checks it against PyTorch)."""
+    job = build_job(gpt(), cluster(), ParallelPlan(global_batch_size=16))
+    ars = [op for op in build_program(job, 0).ops if op.kind == "all_reduce" and op.group_name == "dp"]
+    assert len(ars) == 1 and ars[0].bytes == stage_params(job, 0) * 2 > 1024 * 1024
+    assert ars[0].deps[-1] == max(i for i, op in enumerate(build_program(job, 0).ops)
+                                  if op.phase == "bwd" and op.is_compute)  # after all of backward
+
+
+def test_zero_buckets_keep_a_1_MiB_first_bucket():
+    job = build_job(gpt(), cluster(), ParallelPlan(zero_stage=2, global_batch_size=16))
+    rs = [op for op in build_program(job, 0).ops
+          if op.kind == "reduce_scatter" and op.group_name == "dp" and op.mb == 0]
+    assert len(rs) == 2 and 1024 * 1024 <= rs[0].bytes < 2 * 1024 * 1024
 
 
 def test_grad_sync_option_flips_the_framework_default():

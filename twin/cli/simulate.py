@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from twin.chrome import chrome_trace
 from twin.cli.config import job_from_cfg
 from twin.cli.main import CONF_DIR
 from twin.cli.progress import Progress
@@ -14,8 +15,8 @@ from twin.cost import CostModel, default_cost_model
 from twin.files import write_json_atomic, write_text_atomic
 from twin.sim.engine import SimOptions
 from twin.sim.run import simulate
+from twin.sim.whatif import parse_link
 from twin.spec import ConfigError
-from twin.trace import chrome_trace
 
 FOLDS = ("none", "dp", "tp", "all", "auto")
 AUTO_FOLD_ABOVE = 512
@@ -51,18 +52,10 @@ def options_from_cfg(cfg, job) -> SimOptions:
     w = cfg.get("whatif") or {}
     straggler = {}
     if w.get("straggler_rank") is not None:
-        r = int(w["straggler_rank"])
-        if not 0 <= r < job.grid.world_size:
-            raise ConfigError(f"whatif.straggler_rank={r} is out of range 0..{job.grid.world_size - 1}")
-        straggler[r] = float(w.get("straggler_factor", 1.0))
+        straggler[int(w["straggler_rank"])] = float(w.get("straggler_factor", 1.0))
     degraded = {}
     if w.get("degraded_link"):
-        parts = str(w["degraded_link"]).split(":")
-        kinds = ("nic_out", "nic_in", "up", "down", "out", "in", "loop", "cpu")
-        if parts[0] not in kinds:
-            raise ConfigError(f"whatif.degraded_link={w['degraded_link']!r}: the first part must "
-                              f"be one of {', '.join(kinds)} (e.g. nic_out:0:0 = node 0, NIC 0)")
-        degraded[(parts[0], *map(int, parts[1:]))] = float(w.get("degraded_factor", 1.0))
+        degraded[parse_link(str(w["degraded_link"]))] = float(w.get("degraded_factor", 1.0))
     return SimOptions(fold=fold, algorithm=algorithm, straggler=straggler, degraded=degraded,
                       jitter=bool(cfg.get("jitter", False)), seed=int(cfg.get("seed", 0)))
 

@@ -12,11 +12,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from twin.chrome import write_chrome
 from twin.report import calibration, memory, overlay, summary, sweep, timeline
 from twin.report import rundir as rd
-from twin.report.chrome import chrome_path, write_chrome
 from twin.report.html import Section, write
 from twin.report.style import duration
+from twin.rundir import REPORT, chrome_path
 
 
 @dataclass
@@ -160,10 +161,10 @@ def sections(runs: list[rd.Run], opts: Options) -> list[Section]:
 def output_path(paths: list[Path], out: str | Path | None) -> Path:
     """report.html in the first run directory, in ``out`` if it is a directory, or ``out``."""
     if out is None:
-        return paths[0] / "report.html"
+        return paths[0] / REPORT
     out = Path(out)
     if out.is_dir() or not out.suffix:
-        return out / "report.html"
+        return out / REPORT
     return out
 
 

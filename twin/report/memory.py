@@ -12,41 +12,13 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from twin.metrics import MEMORY
+from twin.metrics import MEMORY, live_series
 from twin.report import style
-from twin.schedule.ir import MEMORY_CATEGORIES
 from twin.trace import Span, Trace
 
 MAX_RANKS = 6
 MAX_POINTS = 3000
 """Points per rank; denser series keep the highest point of each time bin."""
-
-
-def live_series(spans: list[Span]) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Times (us), categories, and live bytes per category after each instant (one rank)."""
-    events = sorted((s.step, s.start_us, 0 if s.kind == "free" else 1, s.category or "other",
-                     s.bytes) for s in spans if s.kind in MEMORY)
-    cats = sorted({e[3] for e in events}, key=lambda c: (
-        MEMORY_CATEGORIES.index(c) if c in MEMORY_CATEGORIES else 99, c))
-    col = {c: i for i, c in enumerate(cats)}
-    live = np.zeros(len(cats))
-    times: list[float] = []
-    rows: list[np.ndarray] = []
-    step = None
-    for k, t, is_alloc, cat, nbytes in events:
-        if k != step:
-            if step is not None:  # the step ends: everything is released
-                times.append(t)
-                rows.append(np.zeros(len(cats)))
-            step, live = k, np.zeros(len(cats))
-        live[col[cat]] += nbytes if is_alloc else -nbytes
-        if times and times[-1] == t:
-            rows[-1] = live.copy()
-        else:
-            times.append(t)
-            rows.append(live.copy())
-    values = np.array(rows).reshape(len(rows), len(cats))
-    return np.array(times), cats, np.clip(values, 0, None)
 
 
 def thin(times: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS):

@@ -26,6 +26,7 @@ from twin.report.timeline import (
     x_range,
 )
 from twin.trace import Span, Trace
+from twin.vocab import COMPUTE_KINDS
 
 MAX_SCATTER = 20_000
 """Points in the duration scatter (every k-th pair beyond this)."""
@@ -100,8 +101,7 @@ def residual_figure(res: dict[str, np.ndarray], names: tuple[str, str]) -> go.Fi
         ok = v[:, 0] > 0
         rel = (v[ok, 1] - v[ok, 0]) / v[ok, 0] * 100
         fig.add_trace(go.Box(x=rel, name=k, orientation="h", boxpoints=False,
-                             marker_color=style.color(k if k not in ("gemm", "attention",
-                                                      "elementwise", "optimizer") else "forward"),
+                             marker_color=style.color(k if k not in COMPUTE_KINDS else "forward"),
                              hovertemplate=f"{k}<br>%{{x:.2f}} %<extra></extra>"))
     fig.add_vline(x=0, line={"color": "#444", "width": 1})
     fig.update_layout(title={"text": f"residual per op kind: ({names[1]} - {names[0]}) / {names[0]}",

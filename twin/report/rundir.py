@@ -10,7 +10,6 @@ directories inside (a Hydra ``-m`` sweep) stands for those.
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import re
 from dataclasses import dataclass, field
@@ -19,13 +18,11 @@ from pathlib import Path
 import yaml
 
 from twin.metrics import summarize
+from twin.rundir import CONFIG, SUMMARY, find_trace, read_summary
 from twin.spec import ClusterSpec, Job
 from twin.spec.io import cluster_from_dict, job_from_dict
-from twin.trace import FORMAT, Trace
-
-TRACE_NAMES = ("spans.json", "spans.json.gz")
-OUTPUTS = ("report.html", "trace.json", "chrome_trace.json")
-"""Files the report writes: never read back as inputs."""
+from twin.trace import Trace
+from twin.vocab import MEMORY_KINDS
 
 
 @dataclass
@@ -73,32 +70,6 @@ class Run:
         return json.dumps(job_to_dict(self.job), sort_keys=True, default=str)
 
 
-def is_trace_file(path: Path) -> bool:
-    """Cheap check of a JSON file's head for the trace format marker."""
-    try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rt") as fh:
-                head = fh.read(4096)
-        else:
-            with path.open("r", encoding="utf-8", errors="replace") as fh:
-                head = fh.read(4096)
-    except (OSError, EOFError, gzip.BadGzipFile):
-        return False
-    return bool(re.search(r'"format"\s*:\s*"' + FORMAT + '"', head))
-
-
-def find_trace(run_dir: Path) -> Path | None:
-    """spans.json, else the first JSON file in the directory that is a paratwin trace."""
-    for name in TRACE_NAMES:
-        if (run_dir / name).is_file():
-            return run_dir / name
-    for path in sorted([*run_dir.glob("*.json"), *run_dir.glob("*.json.gz")]):
-        if path.name not in ("summary.json", "report.html", "chrome_trace.json") and \
-                is_trace_file(path):
-            return path
-    return None
-
-
 def csv_kind(path: Path) -> str | None:
     """'collective', 'kernel', or None for a CSV that is not a benchmark table."""
     try:
@@ -118,7 +89,7 @@ def csv_kind(path: Path) -> str | None:
 
 def _find_profile(run_dir: Path) -> Path | None:
     for path in sorted([*run_dir.glob("*.yaml"), *run_dir.glob("*.yml")]):
-        if path.name == "config.yaml":
+        if path.name == CONFIG:
             continue
         try:
             head = path.read_text(errors="replace")[:2048]
@@ -147,7 +118,7 @@ def job_from_config(cfg: dict) -> Job | None:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "summary.json").is_file() or find_trace(path) is not None or \
+    return (path / SUMMARY).is_file() or find_trace(path) is not None or \
         any(csv_kind(p) for p in path.glob("*.csv"))
 
 
@@ -181,18 +152,13 @@ def load(path: str | Path) -> Run:
     """Read one run directory (see the module docstring)."""
     path = Path(path)
     run = Run(path=path)
-    if (path / "summary.json").is_file():
-        try:
-            run.summary = json.loads((path / "summary.json").read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path / 'summary.json'} is not valid JSON ({err}); rerun the "
-                             "command that wrote it") from None
+    run.summary = read_summary(path)
     run.trace_path = find_trace(path)
     if run.trace_path is not None:
         run.trace = Trace.load(run.trace_path)
-    if (path / "config.yaml").is_file():
+    if (path / CONFIG).is_file():
         try:
-            run.config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+            run.config = yaml.safe_load((path / CONFIG).read_text()) or {}
         except yaml.YAMLError:
             run.config = None
     for cfg in ((run.trace.meta.get("job") if run.trace else None), run.config):
@@ -204,7 +170,7 @@ def load(path: str | Path) -> Run:
         cluster_from_config(run.config["cluster"]) if isinstance(run.config, dict) and
         isinstance(run.config.get("cluster"), dict) else None)
     if run.summary is None and run.trace is not None and run.job is not None and \
-            any(s.kind not in ("alloc", "free") for s in run.trace.spans):
+            any(s.kind not in MEMORY_KINDS for s in run.trace.spans):
         run.summary = summarize(run.trace, run.job)
     run.bench_csvs = sorted(p for p in path.glob("*.csv") if csv_kind(p))
     run.profile_path = _find_profile(path)

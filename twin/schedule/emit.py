@@ -45,11 +45,12 @@ def _flatten(deps) -> Iterable[int]:
 
 
 class ProgramBuilder:
-    """Emits ops for ``rank`` of ``job``; names are rank-independent so members of a
-    group give their shared collectives the same name."""
+    """Emits ops for ``rank`` of ``job`` (the emitter context every pass writes through);
+    names are rank-independent so members of a group give their shared collectives the
+    same name. It keeps only the rank and the dtype: passes are given the plan fields
+    they need, never the job."""
 
     def __init__(self, job: Job, rank: int):
-        self.job = job
         self.rank = rank
         self.ops: list[Op] = []
         self._names: dict[str, int] = {}

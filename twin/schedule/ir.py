@@ -24,14 +24,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-COMPUTE_KINDS = ("gemm", "attention", "elementwise", "optimizer")
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
-                    "gather", "scatter", "all_to_all")
-P2P_KINDS = ("send", "recv")
-MEMORY_KINDS = ("alloc", "free")
-KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS + P2P_KINDS + MEMORY_KINDS
-PHASES = ("fwd", "bwd", "recompute", "opt", "setup")
-MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers")
+from twin.vocab import (  # noqa: F401 - the IR's kinds, re-exported
+    COLLECTIVE_KINDS,
+    COMPUTE_KINDS,
+    KINDS,
+    MEMORY_CATEGORIES,
+    MEMORY_KINDS,
+    P2P_KINDS,
+    PHASES,
+)
+
 FORMAT_VERSION = 1
 
 

@@ -11,9 +11,10 @@ memory than the others.
 
 from __future__ import annotations
 
-from twin.schedule.builder import StepBuilder
-from twin.schedule.emit import Ctx
+from twin.schedule.emit import Ctx, ProgramBuilder
 from twin.schedule.ir import Program
+from twin.schedule.recompute import head_activation_bytes, layer_activation_bytes
+from twin.schedule.tensor import TensorParallel
 from twin.spec import Job
 from twin.workload.memory import model_state_bytes
 from twin.workload.params import stage_params
@@ -21,9 +22,12 @@ from twin.workload.params import stage_params
 
 def legacy_dp_program(job: Job, rank: int) -> Program:
     """The program of device ``rank`` under nn.DataParallel."""
-    sb = StepBuilder(job, rank)
-    b, tp, model, par = sb.b, sb.tp, job.model, job.parallel
-    group = job.grid.group(rank, "dp")
+    model, par, grid = job.model, job.parallel, job.grid
+    b = ProgramBuilder(job, rank)
+    tp = TensorParallel(b, model, par, grid.group(rank, "tp"))
+    layer_acts = layer_activation_bytes(model, par, par.recompute)
+    head_acts = head_activation_bytes(model, par, b.e)
+    group = grid.group(rank, "dp")
     root = group[0]
     is_root = rank == root
     params = stage_params(job, 0)
@@ -44,9 +48,9 @@ def legacy_dp_program(job: Job, rank: int) -> Program:
         x = tp.embedding_forward(ctx, [inp, rep])
         for layer in range(model.num_layers):
             lctx = ctx.at(layer=layer)
-            b.alloc(lctx, f"act.L{layer}.mb{mb}", "activations", sb._layer_acts(par.recompute))
+            b.alloc(lctx, f"act.L{layer}.mb{mb}", "activations", layer_acts)
             x = tp.layer_forward(lctx, x)
-        b.alloc(ctx, f"act.head.mb{mb}", "activations", sb._head_act_bytes())
+        b.alloc(ctx, f"act.head.mb{mb}", "activations", head_acts)
         x = tp.head_forward(ctx, x, with_loss=False)
         if is_root:
             b.alloc(ctx, f"gathered.logits.mb{mb}", "buffers", logits * len(group))
@@ -64,13 +68,13 @@ def legacy_dp_program(job: Job, rank: int) -> Program:
             b.free(bctx, f"gathered.logits.mb{mb}", "buffers", logits * len(group), [g])
         grads: dict[str, int] = {}
         g = tp.head_backward(bctx, g, grads, with_loss=False)
-        b.free(bctx, f"act.head.mb{mb}", "activations", sb._head_act_bytes(), [g])
+        b.free(bctx, f"act.head.mb{mb}", "activations", head_acts, [g])
         waits = list(grads.values())
         for layer in reversed(range(model.num_layers)):
             lctx = bctx.at(layer=layer)
             grads = {}
             g = tp.layer_backward(lctx, g, grads)
-            b.free(lctx, f"act.L{layer}.mb{mb}", "activations", sb._layer_acts(par.recompute), [g])
+            b.free(lctx, f"act.L{layer}.mb{mb}", "activations", layer_acts, [g])
             waits += grads.values()
         grads = {}
         g = tp.embedding_backward(bctx, g, grads)

@@ -4,35 +4,81 @@ FSDP2 (``fully_shard`` per transformer layer plus a root unit holding the embedd
 and the head): a unit's parameters are all-gathered before its forward and, when
 ``fsdp_reshard_after_forward``, freed after it and gathered again before its backward;
 after its backward the unit's gradients are reduce-scattered and its parameters freed.
-One unit is prefetched: the next unit's all-gather is issued when the current one is
+One unit is prefetched: the next layer's all-gather is issued when the current one is
 (on its own stream), so at most two units are gathered at once (ZeRO §5.3; PyTorch FSDP
 paper, Zhao et al. 2023, §3.3). Gradients are reduce-scattered every micro-batch unless
-``grad_sync`` says otherwise.
+``grad_sync`` says otherwise. The root stays gathered after forward; its gradients are
+reduce-scattered once both its parts' backwards are done on a stage that holds both (one
+chunk), else after each part's.
 """
 
 from __future__ import annotations
 
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
+from twin.schedule.passes import EMBED, HEAD_UNIT, LAYER, Pass, Unit
+from twin.schedule.stage import ROOT, StageLayout
+from twin.spec import ParallelPlan
 
-ROOT = -1  # the root unit: embedding, final norm and head
+
+def apply_fsdp(out: ProgramBuilder, par: ParallelPlan, layout: StageLayout,
+               group: tuple[int, ...]) -> FSDP | None:
+    """ZeRO-3 / FSDP over the DP ``group`` (None unless zero_stage=3 with dp > 1)."""
+    if par.legacy_dp or par.dp <= 1 or par.zero_stage != 3:
+        return None
+    return FSDP(out, group, layout.units, reshard=par.fsdp_reshard_after_forward,
+                every_mb=par.sync_every_microbatch, last_mb=par.num_microbatches - 1,
+                one_chunk=layout.num_chunks == 1)
 
 
-class FSDP:
+class FSDP(Pass):
     """Tracks which units are gathered on this rank and emits their collectives."""
 
-    def __init__(self, b: ProgramBuilder, unit_numel: dict[int, int], every_mb: bool):
-        self.b = b
-        par = b.job.parallel
-        self.group = b.job.grid.group(b.rank, "dp")
+    def __init__(self, out: ProgramBuilder, group: tuple[int, ...], unit_numel: dict[int, int], *,
+                 reshard: bool, every_mb: bool, last_mb: int, one_chunk: bool):
+        self.b = out
+        self.group = group
         self.units = unit_numel  # unit key (layer or ROOT) -> TP-local parameter count
-        self.reshard = par.fsdp_reshard_after_forward
+        self.reshard = reshard
         self.every_mb = every_mb
-        self.last_mb = par.num_microbatches - 1
+        self.last_mb = last_mb
+        self.one_chunk = one_chunk  # the head and the embedding on this stage, one chunk
         self.gathered: dict[int, int] = {}  # unit -> its all-gather op
         self.grad_open: dict[int, int] = {}  # unit -> micro-batch count accumulated unsharded
         self.issued: list[int] = []
         self._tags: dict[int, str] = {}  # unit -> name of its gathered buffer
+        self._head_grads: list[Idx] = []  # the head's grad ops of the latest backward
 
+    # -- as a pass -------------------------------------------------------------------
+    def before(self, unit: Unit) -> None:
+        """Gather the unit (prefetching the next layer; the head does not prefetch in
+        backward); before the head's or a layer's backward, open its unsharded gradient."""
+        u = unit.key if unit.kind == LAYER else ROOT
+        prefetch = None if unit.kind == HEAD_UNIT else unit.next_layer
+        unit.deps.append(self.gather(unit.ctx, u, prefetch))
+        if unit.backward and unit.kind != EMBED:
+            self.begin_backward(unit.ctx, u)
+
+    def after(self, unit: Unit) -> None:
+        """Forward: reshard a layer. Backward: reduce-scatter the unit's gradients; the
+        root's wait for the head's and the embedding's when one chunk holds both."""
+        ctx, out = unit.ctx, unit.out
+        if not unit.backward:
+            self.after_forward(ctx, unit.key if unit.kind == LAYER else ROOT, out)
+        elif unit.kind == LAYER:
+            self.after_backward(ctx, unit.key, list(unit.grads.values()), out)
+        elif unit.kind == HEAD_UNIT:
+            self._head_grads = list(unit.grads.values())
+            if not self.one_chunk:
+                self.after_backward(ctx, ROOT, self._head_grads, out)
+        else:  # the embedding: the root's gradient is opened once it exists on this stage
+            self.begin_backward(ctx, ROOT)
+            head = self._head_grads if self.one_chunk else []
+            self.after_backward(ctx, ROOT, list(unit.grads.values()) + head, out)
+
+    def grads_reduced(self) -> list[Idx]:
+        return self.issued
+
+    # -- the units -------------------------------------------------------------------
     def _bytes(self, unit: int) -> float:
         return self.units[unit] * self.b.e
 
@@ -47,7 +93,7 @@ class FSDP:
         self._tags[unit] = tag
         return idx
 
-    def before(self, ctx: Ctx, unit: int, prefetch: int | None) -> Idx:
+    def gather(self, ctx: Ctx, unit: int, prefetch: int | None) -> Idx:
         """Make ``unit`` gathered (returns the op to wait for); prefetch the next unit."""
         ag = self.gathered.get(unit)
         if ag is None:

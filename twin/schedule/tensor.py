@@ -18,20 +18,34 @@ parameter's gradient is ready (for DDP buckets and ZeRO).
 from __future__ import annotations
 
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
+from twin.schedule.passes import EMBED, LAYER, Pass, Unit
+from twin.schedule.stage import HEAD, Key
+from twin.spec import ModelSpec, ParallelPlan
 from twin.workload.params import kv_heads_per_rank, vocab_rows
 
 
-class TensorParallel:
-    """Emits one rank's layer, embedding and head ops for its TP group."""
+def apply_tp(out: ProgramBuilder, model: ModelSpec, par: ParallelPlan, group: tuple[int, ...],
+             tensors: list[tuple[Key, int]]) -> TensorParallel:
+    """The innermost pass: every unit's body, with its TP/SP collectives (plain compute at tp=1)."""
+    return TensorParallel(out, model, par, group, tensors)
 
-    def __init__(self, b: ProgramBuilder):
-        self.b = b
-        job = b.job
-        self.model, self.par = job.model, job.parallel
-        self.tp, self.sp = self.par.tp, self.par.sp
-        self.group = job.grid.group(b.rank, "tp")
-        m = self.model
-        self.mb = self.par.micro_batch_size
+
+class TensorParallel(Pass):
+    """Emits one rank's layer, embedding and head ops for its TP group ``group``.
+
+    As a pass it runs each unit's body (``run``) and, at step end under SP, the norm
+    weights' gradient all-reduce (``finalize_grads``) over ``tensors`` (the stage's
+    (key, numel) in registration order)."""
+
+    def __init__(self, out: ProgramBuilder, model: ModelSpec, par: ParallelPlan,
+                 group: tuple[int, ...], tensors: list[tuple[Key, int]] = ()):
+        self.b = out
+        self.model, self.par = model, par
+        self.tp, self.sp = par.tp, par.sp
+        self.group = group
+        self.tensors = tensors
+        m = model
+        self.mb = par.micro_batch_size
         self.tokens = self.mb * m.seq_len
         self.local_tokens = self.tokens // self.tp if self.sp else self.tokens
         self.h, self.d = m.hidden_size, m.head_dim
@@ -41,9 +55,47 @@ class TensorParallel:
         self.kv = self.kv_heads * self.d
         self.f = m.ffn_hidden_size // self.tp
         self.vocab = vocab_rows(m, self.tp)
-        self.act_bytes = b.e * self.tokens * self.h  # b*s*h, the TP message
-        self.eager = not self.par.flash_attention
+        self.act_bytes = out.e * self.tokens * self.h  # b*s*h, the TP message
+        self.eager = not par.flash_attention
         self.paradigm = "sp" if self.sp else ("tp" if self.tp > 1 else "")
+
+    # -- as a pass -------------------------------------------------------------------
+    def run(self, unit: Unit) -> Idx:
+        """The unit's body; its input is ``unit.x`` and ``unit.deps``."""
+        ctx, deps = unit.ctx, [unit.x, unit.deps]
+        if not unit.backward:
+            if unit.kind == EMBED:
+                return self.embedding_forward(ctx, deps)
+            if unit.kind == LAYER:
+                return self.layer_forward(ctx, deps)
+            return self.head_forward(ctx, deps)
+        if unit.kind == EMBED:
+            return self.embedding_backward(ctx, deps, unit.grads)
+        if unit.kind == LAYER:
+            return self.layer_backward(ctx, deps, unit.grads,
+                                       recompute_attention=unit.recompute_attention)
+        return self.head_backward(ctx, deps, unit.grads)
+
+    def finalize_grads(self, ctx: Ctx, waits: list[Idx]) -> list[Idx]:
+        """SP: all-reduce the replicated norm tensors' gradients over TP, when
+        ``sp_norm_grad_sync`` asks.
+
+        Under SP a norm sees s/t of the sequence, so its weight gradient is a partial sum
+        (Korthikanti et al. 2022, §4.2.2). per_tensor: one call per tensor (PyTorch's
+        DTensor SequenceParallel); coalesced: one call for all (Megatron's
+        finalize_model_grads), the same bytes."""
+        if not self.sp or self.par.sp_norm_grad_sync == "none":
+            return []
+        ctx = ctx.at(paradigm="sp")
+        norms = [(key, n) for key, n in self.tensors
+                 if key[1].startswith(("norm1.", "norm2.", "final_norm."))]
+        if self.par.sp_norm_grad_sync == "coalesced":
+            return [self.b.collective(ctx, "sp.norm_grads.ar", "all_reduce", self.group, "tp",
+                                      sum(n for _, n in norms) * self.b.e, waits, stream="comm.tp")]
+        return [self.b.collective(ctx, f"sp.{'head' if layer == HEAD else f'L{layer}'}.{name}.ar",
+                                  "all_reduce", self.group, "tp", n * self.b.e, waits,
+                                  stream="comm.tp")
+                for (layer, name), n in norms]
 
     # -- the two TP operators ------------------------------------------------------
     def _g(self, ctx: Ctx, local: str, x: Idx) -> Idx:

@@ -1,6 +1,6 @@
 """Collective algorithms as phases of point-to-point flows over the topology.
 
-Each phase is a latency and a set of flows (src, dst, bytes); a phase ends when its
+Each phase is a latency and a set of transfers (src, dst, bytes); a phase ends when its
 slowest flow ends, so topology and contention shape the collective's time. Byte counts
 per rank follow nccl-tests' bus-bandwidth factors (PERFORMANCE.md):
 
@@ -21,16 +21,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from twin.sim.topology import Topology
 
-Flow = tuple[int, int, float]  # src, dst, bytes
+
+class Transfer(NamedTuple):
+    """One point-to-point flow of a phase: ``src`` sends ``size_bytes`` to ``dst``."""
+
+    src: int
+    dst: int
+    size_bytes: float
 
 
-@dataclass
+@dataclass(slots=True)
 class Phase:
+    """One step of a collective: a latency, then its transfers; it ends with the slowest."""
+
     latency_s: float
-    flows: list[Flow]
+    flows: list[Transfer]
 
 
 def _ring_latency(topo: Topology, members: tuple[int, ...], steps: int) -> float:
@@ -54,25 +63,25 @@ def ring(kind: str, members: tuple[int, ...], nbytes: float, topo: Topology,
     nxt = {members[i]: members[(i + 1) % n] for i in range(n)}
     if kind == "all_reduce":
         w, steps = 2 * (n - 1) / n * nbytes, 2 * (n - 1)
-        return [Phase(_ring_latency(topo, members, steps), [(m, nxt[m], w) for m in members])]
+        return [Phase(_ring_latency(topo, members, steps), [Transfer(m, nxt[m], w) for m in members])]
     if kind in ("all_gather", "reduce_scatter"):
         w, steps = (n - 1) / n * nbytes, n - 1
-        return [Phase(_ring_latency(topo, members, steps), [(m, nxt[m], w) for m in members])]
+        return [Phase(_ring_latency(topo, members, steps), [Transfer(m, nxt[m], w) for m in members])]
     if kind in ("broadcast", "reduce"):
         # pipelined chain starting (broadcast) or ending (reduce) at the root
         start = members.index(root) if root in members else 0
         chain = members[start:] + members[:start]
         if kind == "reduce":
             chain = chain[1:] + chain[:1]
-        flows = [(chain[i], chain[i + 1], nbytes) for i in range(n - 1)]
+        flows = [Transfer(chain[i], chain[i + 1], nbytes) for i in range(n - 1)]
         return [Phase(_ring_latency(topo, chain, n - 1), flows)]
     if kind in ("gather", "scatter"):
         r = root if root in members else members[0]
-        flows = [((m, r, nbytes / n) if kind == "gather" else (r, m, nbytes / n))
+        flows = [(Transfer(m, r, nbytes / n) if kind == "gather" else Transfer(r, m, nbytes / n))
                  for m in members if m != r]
         return [Phase(max(topo.alpha(r, m) for m in members), flows)]
     if kind == "all_to_all":
-        flows = [(a, b, nbytes / n) for a in members for b in members if a != b]
+        flows = [Transfer(a, b, nbytes / n) for a in members for b in members if a != b]
         return [Phase(max(topo.alpha(members[0], m) for m in members), flows)]
     raise ValueError(f"no algorithm for collective kind {kind!r}")
 
@@ -85,7 +94,7 @@ def tree(kind: str, members: tuple[int, ...], nbytes: float, topo: Topology) -> 
     depth = math.ceil(math.log2(n)) if n > 1 else 0
     # NCCL's two trees are complementary (a rank internal in one is a leaf in the other), so
     # each rank sends and receives about 2S in all: a balanced pattern of 2S per member
-    flows = [(members[i], members[(i + 1) % n], 2 * nbytes) for i in range(n)]
+    flows = [Transfer(members[i], members[(i + 1) % n], 2 * nbytes) for i in range(n)]
     inter = any(topo.inter(a, b) for a, b, _ in flows)
     alpha = topo.cost.link_latency_s(topo.cluster, inter)
     return [Phase(2 * depth * alpha, flows)]

@@ -15,19 +15,26 @@ their flows count once per copy on the resources the copies share (NIC, loopback
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import simpy
 
 from twin.cost import CostModel
-from twin.schedule.ir import Program
-from twin.sim.collectives import plan_collective
+from twin.schedule.ir import Op, Program
+from twin.sim.collectives import Transfer, plan_collective
 from twin.sim.fabric import Fabric
-from twin.sim.topology import Topology
+from twin.sim.topology import Resource, Topology
 from twin.spec import Job
 
 FIFO_UNORDERED = ("p2p", "mem")
+
+RendezvousKey = tuple[tuple[int, ...], str]
+"""A collective's rendezvous: (its group's ranks, the op's name)."""
+PairKey = tuple[int, int, str]
+"""A send/recv pair: (src, dst, tag)."""
 
 
 @dataclass
@@ -38,9 +45,9 @@ class SimOptions:
     """none, dp, tp or all: axes whose ranks are simulated once (exact copies)."""
     algorithm: str = "auto"
     """Collective algorithm: auto (hierarchical across nodes, else ring), ring, tree."""
-    straggler: dict = field(default_factory=dict)
+    straggler: dict[int, float] = field(default_factory=dict)
     """rank -> compute slowdown factor (2.0: that rank computes at half speed)."""
-    degraded: dict = field(default_factory=dict)
+    degraded: dict[Resource, float] = field(default_factory=dict)
     """fabric resource -> bandwidth factor, e.g. {("nic_out", 0, 0): 0.5}."""
     jitter: bool = False
     """Draw compute and collective noise from the profile's compute_cv / comm_cv."""
@@ -62,6 +69,61 @@ def fold_classes(job: Job, fold: str) -> dict[int, list[int]]:
     return out
 
 
+class Bundle(NamedTuple):
+    """One fabric flow standing for a phase's flows (see Simulation._bundle_spec)."""
+
+    resources: tuple[Resource, ...]
+    weights: tuple[float, ...]
+    """Per resource: how many of the phase's flows (and their folded copies) cross it."""
+    size_bytes: float
+    """The largest per-flow byte count: the bundle moves at its most loaded resource's pace."""
+    byte_costs: tuple[float, ...]
+    """Per resource: units of it one byte uses (Topology.byte_cost)."""
+
+
+class Fitted(NamedTuple):
+    """A collective's phases after a measured latency/bandwidth fit (Simulation._fitted)."""
+
+    bundles: list[Bundle | None]
+    latencies_s: list[float]
+    """Per-phase latency."""
+    base_latency_s: float
+    """Added once, before the first phase."""
+
+
+@dataclass(slots=True)
+class Rendezvous:
+    """A collective waiting for its simulated members."""
+
+    members_left: int
+    """Simulated members yet to arrive; the last one starts the collective."""
+    done: simpy.Event
+    """Fires when the collective completes."""
+
+
+@dataclass(slots=True)
+class P2PPair:
+    """A send/recv pair waiting for its two sides."""
+
+    done: simpy.Event
+    """Fires when the transfer completes."""
+    arrived: int = 0
+    """Sides that have reached it (the transfer starts at 2, or at 1 when the peer is folded)."""
+
+
+class Structure(NamedTuple):
+    """What every rank of one program template shares (Simulation._structure)."""
+
+    streams: dict[str, list[int]]
+    """Stream -> indices of its ops in order (memory ops excluded)."""
+    external: set[int]
+    """Ops that another stream (or a p2p op) waits for: they get completion events."""
+    ext_deps: list[tuple[int, ...]]
+    """Per op: its dependencies among ``external``."""
+    base_s: list[float]
+    """Per op: compute time before straggler, jitter and overlap factors (0 for the rest)."""
+
+
 class Simulation:
     """One simulated step of a schedule."""
 
@@ -78,16 +140,17 @@ class Simulation:
         self.simulated = set(programs)
         self.rng = np.random.default_rng(options.seed)
         self.events = 0
-        self.start = {r: np.zeros(len(p.ops)) for r, p in programs.items()}
-        self.end = {r: np.zeros(len(p.ops)) for r, p in programs.items()}
-        self._rv: dict[tuple, dict] = {}
-        self._pairs: dict[tuple, list] = {}
-        self._structures: dict = {}
+        self.start: dict[int, np.ndarray] = {r: np.zeros(len(p.ops)) for r, p in programs.items()}
+        self.end: dict[int, np.ndarray] = {r: np.zeros(len(p.ops)) for r, p in programs.items()}
+        self._rv: dict[RendezvousKey, Rendezvous] = {}
+        self._pairs: dict[PairKey, P2PPair] = {}
+        self._structures: dict[tuple[str, int], Structure] = {}
         self.core_share = job.cluster.cores_per_node is not None and cost.core_share
         self._class_of = {m: rep for rep, ms in classes.items() for m in ms}
+        self._copy_weights: dict[tuple[int, tuple[Resource, ...]], tuple[float, ...]] = {}
         self._inflight_comm = {r: 0 for r in programs}
         self.ops_done = 0
-        self.on_progress = None  # callable(ops_done), called every 16384 ops
+        self.on_progress: Callable[[int], None] | None = None  # (ops_done), every 16384 ops
 
     # -- helpers ------------------------------------------------------------------------
     def _noise(self, cv: float) -> float:
@@ -96,11 +159,16 @@ class Simulation:
         sigma = math.sqrt(math.log(1 + cv * cv))
         return float(self.rng.lognormal(-sigma * sigma / 2, sigma))
 
-    def _weights(self, src: int, resources: tuple) -> tuple:
-        """How many copies of ``src``'s flow share each resource (folded ranks)."""
+    def _weights(self, src: int, resources: tuple[Resource, ...]) -> tuple[float, ...]:
+        """How many copies of ``src``'s flow share each resource (folded ranks); memoized per
+        (src, resources), as the same routes recur at every collective."""
         copies = self.classes.get(self._class_of.get(src, src), [src])
         if len(copies) == 1:
             return (1.0,) * len(resources)
+        key = (src, resources)
+        memo = self._copy_weights.get(key)
+        if memo is not None:
+            return memo
         topo = self.topo
         w = []
         for res in resources:
@@ -111,14 +179,15 @@ class Simulation:
                                    for c in copies)))
             else:
                 w.append(1.0)
-        return tuple(max(x, 1.0) for x in w)
+        memo = self._copy_weights[key] = tuple(max(x, 1.0) for x in w)
+        return memo
 
-    def _bundle_spec(self, flows):
+    def _bundle_spec(self, flows: list[Transfer]) -> Bundle | None:
         """One fabric flow for a phase's flows: ring members move in lockstep, so the phase
         runs at the pace of its most loaded resource. Each resource is weighted by how many
         of the phase's flows (and their folded copies) cross it; the bundle moves the
-        largest per-flow byte count. Returns (resources, weights, amount) or None."""
-        weights: dict = {}
+        largest per-flow byte count. None when no simulated rank sends."""
+        weights: dict[Resource, float] = {}
         amount = 0.0
         for src, dst, nbytes in flows:
             if src not in self.simulated:
@@ -130,50 +199,54 @@ class Simulation:
         if not weights:
             return None
         res = tuple(weights)
-        return res, tuple(weights[r] for r in res), amount, tuple(self.topo.byte_cost(r) for r in res)
+        return Bundle(res, tuple(weights[r] for r in res), amount,
+                      tuple(self.topo.byte_cost(r) for r in res))
 
-    def _uncontended_s(self, spec) -> float:
-        res, w, amount, k = spec
-        return amount / min(self.fabric.capacity[r] / (x * c) for r, x, c in zip(res, w, k))
+    def _uncontended_s(self, b: Bundle) -> float:
+        cap = self.fabric.capacity
+        return b.size_bytes / min(cap[r] / (x * c)
+                                  for r, x, c in zip(b.resources, b.weights, b.byte_costs))
 
-    def _fitted(self, kind: str, group: tuple, nbytes: float, specs: list, lat: list):
+    def _fitted(self, kind: str, group: tuple[int, ...], nbytes: float,
+                specs: list[Bundle | None], lat: list[float]) -> Fitted:
         """Apply a measured latency/bandwidth fit: same phases and contention, scaled so the
-        uncontended time is the fit's latency + S / bw. Returns (specs, latencies, base)."""
+        uncontended time is the fit's latency + S / bw."""
         link = "inter" if self.topo.grid.nodes_spanned(group) > 1 else "intra"
         fit = self.cost.collective_fit(kind, link, len(group))
         if fit is None:
-            return specs, lat, self.cost.base_latency_us * 1e-6
+            return Fitted(specs, lat, self.cost.base_latency_us * 1e-6)
         ideal = sum(self._uncontended_s(sp) for sp in specs if sp is not None)
         want = nbytes / (fit["bw_GBps"] * 1e9)
         scale = want / ideal if ideal > 0 else 1.0
-        specs = [None if sp is None else (sp[0], sp[1], sp[2] * scale, sp[3]) for sp in specs]
-        return specs, [0.0] * len(lat), fit["latency_us"] * 1e-6
+        specs = [None if sp is None else Bundle(sp.resources, sp.weights, sp.size_bytes * scale,
+                                                sp.byte_costs) for sp in specs]
+        return Fitted(specs, [0.0] * len(lat), fit["latency_us"] * 1e-6)
 
-    def _start(self, spec) -> simpy.Event | None:
-        if spec is None:
+    def _start(self, b: Bundle | None) -> simpy.Event | None:
+        if b is None:
             return None
-        res, w, amount, k = spec
-        return self.fabric.transfer(res, amount, weights=w, costs=k)
+        return self.fabric.transfer(b.resources, b.size_bytes, weights=b.weights,
+                                    costs=b.byte_costs)
 
     # -- processes ------------------------------------------------------------------------
-    def _arrive(self, rank: int, op, evs: dict, i: int) -> simpy.Event:
+    def _arrive(self, rank: int, op: Op, evs: dict[int, simpy.Event], i: int) -> simpy.Event:
         """This rank reaches a collective; the last simulated member starts it."""
         rv = self._rendezvous(op)
-        evs[i] = rv["done"]
-        rv["left"] -= 1
-        if rv["left"] == 0:
+        evs[i] = rv.done
+        rv.members_left -= 1
+        if rv.members_left == 0:
             del self._rv[(op.group, op.name)]
             phases = plan_collective(op.kind, op.group, op.bytes, self.topo, self.opt.algorithm,
                                      op.root)
             specs = [self._bundle_spec(ph.flows) for ph in phases]
-            specs, lats, base = self._fitted(op.kind, op.group, op.bytes, specs,
-                                             [ph.latency_s for ph in phases])
-            self._next_phase(specs, lats, 0, rv["done"], self._noise(self.cost.comm_cv), base)
+            fit = self._fitted(op.kind, op.group, op.bytes, specs, [ph.latency_s for ph in phases])
+            self._next_phase(fit.bundles, fit.latencies_s, 0, rv.done,
+                             self._noise(self.cost.comm_cv), fit.base_latency_s)
         self.events += 1
-        return rv["done"]
+        return rv.done
 
-    def _next_phase(self, specs: list, lats: list, k: int, done: simpy.Event, noise: float,
-                    extra: float) -> None:
+    def _next_phase(self, specs: list[Bundle | None], lats: list[float], k: int,
+                    done: simpy.Event, noise: float, extra: float) -> None:
         """Run phase k (latency, then its bundled flow) by callbacks, then the next."""
         if k == len(specs):
             done.succeed()
@@ -193,7 +266,7 @@ class Simulation:
         else:
             start()
 
-    def _p2p(self, rank: int, i: int, op, evs, external):
+    def _p2p(self, rank: int, i: int, op: Op, evs: dict[int, simpy.Event], external: set[int]):
         waits = [ev for ev in (self._event_of(rank, self.programs[rank].ops[d], evs, d)
                                for d in op.deps if d in external) if not ev.triggered]
         if waits:
@@ -203,48 +276,50 @@ class Simulation:
         self.start[rank][i] = self.env.now
         pair = self._pairs.get(key)
         if pair is None:
-            pair = self._pairs[key] = [self.env.event(), 0]
-        pair[1] += 1
-        if pair[1] == 2 or (op.peer not in self.simulated):
+            pair = self._pairs[key] = P2PPair(self.env.event())
+        pair.arrived += 1
+        if pair.arrived == 2 or (op.peer not in self.simulated):
             del self._pairs[key]
-            self.env.process(self._run_p2p(src, dst, op, pair[0]))
-        yield pair[0]
+            self.env.process(self._run_p2p(src, dst, op, pair.done))
+        yield pair.done
         self.end[rank][i] = self.env.now
         self.events += 2
         if i in external:
             evs[i].succeed()
 
-    def _run_p2p(self, src, dst, op, done):
-        flows = [(src, dst, op.bytes)] if src in self.simulated else [(dst, src, op.bytes)]
+    def _run_p2p(self, src: int, dst: int, op: Op, done: simpy.Event):
+        flows = [Transfer(src, dst, op.bytes)] if src in self.simulated \
+            else [Transfer(dst, src, op.bytes)]
         spec = self._bundle_spec(flows)
         lat = self.cost.p2p_latency_us * 1e-6 if self.cost.p2p_latency_us is not None \
             else self.topo.alpha(src, dst)
-        specs, _, fitted = self._fitted("sendrecv", (src, dst), op.bytes, [spec], [0.0])
+        fit = self._fitted("sendrecv", (src, dst), op.bytes, [spec], [0.0])
         if self.cost.collective_fit("sendrecv", "inter" if self.topo.inter(src, dst) else "intra",
                                     2) is not None:
-            lat = fitted
+            lat = fit.base_latency_s
         yield self.env.timeout(lat * self._noise(self.cost.comm_cv))
-        ev = self._start(specs[0])
+        ev = self._start(fit.bundles[0])
         if ev is not None:
             yield ev
         done.succeed()
 
-    def _event_of(self, rank: int, op, evs: dict, i: int) -> simpy.Event:
+    def _event_of(self, rank: int, op: Op, evs: dict[int, simpy.Event], i: int) -> simpy.Event:
         """The completion event of op ``i`` (a collective's is its rendezvous event)."""
         ev = evs.get(i)
         if ev is None:
-            ev = evs[i] = self._rendezvous(op)["done"]
+            ev = evs[i] = self._rendezvous(op).done
         return ev
 
-    def _rendezvous(self, op) -> dict:
+    def _rendezvous(self, op: Op) -> Rendezvous:
         key = (op.group, op.name)
         rv = self._rv.get(key)
         if rv is None:
             members = sum(1 for m in op.group if m in self.simulated)
-            rv = self._rv[key] = {"left": members, "done": self.env.event()}
+            rv = self._rv[key] = Rendezvous(members, self.env.event())
         return rv
 
-    def _stream(self, rank: int, indices: list[int], evs: dict, external: set, ext_deps, base):
+    def _stream(self, rank: int, indices: list[int], evs: dict[int, simpy.Event],
+                external: set[int], ext_deps: list[tuple[int, ...]], base: list[float]):
         ops = self.programs[rank].ops
         env = self.env
         st, en = self.start[rank], self.end[rank]
@@ -306,7 +381,7 @@ class Simulation:
         if pending:
             yield env.timeout(pending)
 
-    def _structure(self, rank: int, prog: Program):
+    def _structure(self, rank: int, prog: Program) -> Structure:
         """Streams, external deps and base compute times of a program; shared by every rank
         of a pipeline stage (their programs differ only in global ranks)."""
         key = ("template", prog.template) if prog.template is not None else ("rank", rank)
@@ -326,7 +401,7 @@ class Simulation:
         ext_deps = [tuple(d for d in op.deps if d in external) for op in ops]
         gpu = self.job.cluster.gpu
         base = [self.cost.compute_time(op, gpu) if op.is_compute else 0.0 for op in ops]
-        out = (streams, external, ext_deps, base)
+        out = Structure(streams, external, ext_deps, base)
         self._structures[key] = out
         return out
 
@@ -343,7 +418,7 @@ class Simulation:
                 else:
                     self.env.process(self._stream(rank, idx, evs, external, ext_deps, base))
         self.env.run()
-        stuck = [k for k, rv in self._rv.items() if rv["left"] > 0]
+        stuck = [k for k, rv in self._rv.items() if rv.members_left > 0]
         stuck += list(self._pairs)
         if stuck:
             raise RuntimeError(f"simulation ended with {len(stuck)} collectives or p2p waiting "

@@ -17,47 +17,69 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import simpy
+
+from twin.sim.topology import Resource
 
 EPS = 1e-12
 
 
+@dataclass(slots=True, eq=False)
 class Flow:
-    __slots__ = ("amount", "remaining", "resources", "cap", "weights", "costs", "rate", "t",
-                 "event", "version", "id")
+    """One flow in flight: what it has left to move and the rate it moves at since ``t_s``."""
 
-    def __init__(self, fid: int, amount: float, resources: tuple, cap: float, weights: tuple,
-                 costs: tuple, event: simpy.Event, now: float):
-        self.id = fid
-        self.amount = amount
-        self.remaining = amount
-        self.resources = resources
-        self.cap = cap
-        self.weights = weights
-        self.costs = costs
-        self.rate = 0.0
-        self.t = now
-        self.event = event
-        self.version = 0
+    id: int
+    """Creation order: breaks ties between flows due at the same time."""
+    amount: float
+    """Units to move (bytes, or core-seconds on shared cores)."""
+    remaining: float
+    """Units left at ``t_s``."""
+    resources: tuple[Resource, ...]
+    cap: float
+    """The flow's own rate limit, units per second (inf: none)."""
+    weights: tuple[float, ...]
+    """Per resource: how many identical flows this one stands for there."""
+    costs: tuple[float, ...]
+    """Per resource: units of the resource one unit of the flow uses."""
+    event: simpy.Event
+    """Fires when the flow has moved ``amount``."""
+    t_s: float
+    """Simulated time of the last re-rate."""
+    rate: float = 0.0
+    """Units per second since ``t_s``."""
+    version: int = 0
+    """Bumped at each re-rate and at completion: heap entries of older versions are stale."""
+
+
+class Due(NamedTuple):
+    """A heap entry: ``flow`` finishes at ``eta_s`` unless re-rated since (``version`` stale)."""
+
+    eta_s: float
+    flow_id: int
+    version: int
+    flow: Flow
 
 
 class Fabric:
     """All shared resources of the simulated machine and the flows crossing them."""
 
-    def __init__(self, env: simpy.Environment, capacity: dict):
+    def __init__(self, env: simpy.Environment, capacity: dict[Resource, float]):
         self.env = env
         self.capacity = capacity  # resource -> units per second
-        self.load: dict = {}
-        self.flows_on: dict = {}
-        self.heap: list = []
+        self.load: dict[Resource, float] = {}  # resource -> summed weight of its flows
+        self.flows_on: dict[Resource, set[Flow]] = {}
+        self.heap: list[Due] = []
         self._ids = itertools.count()
         self._armed = math.inf
         self._token = 0
         self.flows_done = 0
 
-    def transfer(self, resources: tuple, amount: float, cap: float = math.inf,
-                 weights: tuple | None = None, costs: tuple | None = None) -> simpy.Event:
+    def transfer(self, resources: tuple[Resource, ...], amount: float, cap: float = math.inf,
+                 weights: tuple[float, ...] | None = None,
+                 costs: tuple[float, ...] | None = None) -> simpy.Event:
         """Start a flow now; the returned event fires when it has moved ``amount``.
 
         ``weights`` (one per resource, default 1): how many identical flows this one
@@ -73,7 +95,7 @@ class Fabric:
                 raise KeyError(f"unknown fabric resource {r!r}")
         weights = weights or (1.0,) * len(resources)
         costs = costs or (1.0,) * len(resources)
-        f = Flow(next(self._ids), amount, resources, cap, weights, costs, ev, self.env.now)
+        f = Flow(next(self._ids), amount, amount, resources, cap, weights, costs, ev, self.env.now)
         affected = set()
         for r, w in zip(resources, weights):
             self.load[r] = self.load.get(r, 0.0) + w
@@ -93,20 +115,20 @@ class Fabric:
     def _rerate(self, flows) -> None:
         now = self.env.now
         for f in flows:
-            f.remaining -= f.rate * (now - f.t)
-            f.t = now
+            f.remaining -= f.rate * (now - f.t_s)
+            f.t_s = now
             f.rate = self._rate(f)
             f.version += 1
             eta = now + (f.remaining / f.rate if f.rate > 0 else math.inf)
-            heapq.heappush(self.heap, (eta, f.id, f.version, f))
+            heapq.heappush(self.heap, Due(eta, f.id, f.version, f))
         self._arm()
 
     def _arm(self) -> None:
-        while self.heap and self.heap[0][2] != self.heap[0][3].version:
+        while self.heap and self.heap[0].version != self.heap[0].flow.version:
             heapq.heappop(self.heap)
         if not self.heap:
             return
-        eta = self.heap[0][0]
+        eta = self.heap[0].eta_s
         if eta < self._armed - EPS:
             self._armed = eta
             self._token += 1

@@ -9,6 +9,7 @@ from twin.cost import CostModel, default_cost_model
 from twin.metrics import summarize
 from twin.schedule.builder import build_schedule
 from twin.sim.engine import SimOptions, Simulation, fold_classes
+from twin.sim.whatif import check_options
 from twin.spec import Job
 from twin.spec.io import job_to_dict
 from twin.trace import Span, Trace
@@ -29,10 +30,12 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
     ``progress(done, total, what)`` reports building and simulating. The trace holds every simulated
     rank unless that would exceed MAX_TRACE_SPANS spans, in which case it holds the
     first simulated rank of each pipeline stage (the summary still covers all ranks'
-    step time)."""
+    step time). What-ifs that cannot apply to ``job`` (a link its topology lacks, a
+    straggler outside the world) raise ConfigError (twin.sim.whatif.check_options)."""
     t0 = time.perf_counter()
     cost = cost or default_cost_model(job.cluster)
     options = options or SimOptions()
+    check_options(job, options)
     classes = fold_classes(job, options.fold)
     schedule = build_schedule(job)
     programs = {}
@@ -64,10 +67,7 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
         for r in record:
             st, en = sim.start[r], sim.end[r]
             for i, op in enumerate(programs[r].ops):
-                spans.append(Span(r, k, op.name, op.kind, op.stream, (offset + st[i]) * 1e6,
-                                  (offset + en[i]) * 1e6, op.phase, op.layer, op.mb,
-                                  op.group_name if (op.is_collective or op.is_p2p) else "",
-                                  op.bytes, op.flops, op.category, op.peer, op.tag))
+                spans.append(Span.of(op, r, k, (offset + st[i]) * 1e6, (offset + en[i]) * 1e6))
         offset += step
     wall = time.perf_counter() - t0
     trace = Trace(spans, meta={

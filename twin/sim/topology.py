@@ -14,19 +14,46 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from twin.cost import CostModel
 from twin.spec import ClusterSpec, RankGrid
 
+Resource = tuple
+"""A fabric resource: its kind, then the indices RESOURCE_INDICES names, e.g.
+("nic_out", 0, 3) is node 0's NIC 3 outbound. A plain tuple: the fabric's dict key."""
+
+RESOURCE_INDICES: dict[str, tuple[str, ...]] = {
+    "nic_out": ("node", "NIC"), "nic_in": ("node", "NIC"), "up": ("node",), "down": ("node",),
+    "out": ("rank",), "in": ("rank",), "cpu": ("node",)}
+"""Each resource kind and what its indices are (which kinds a cluster has: resources_for)."""
+
 
 @dataclass
 class Topology:
+    """The cluster's links and shared cores as named fabric resources, and routes over them."""
+
     cluster: ClusterSpec
     grid: RankGrid
     cost: CostModel
-    degraded: dict | None = None
+    degraded: dict[Resource, float] | None = None
     """Resource -> bandwidth factor (what-if: a degraded link)."""
+    gpn: int = field(init=False)
+    """Devices (ranks) per node."""
+    shared_cpu: bool = field(init=False)
+    """Ranks are processes on one host sharing its cores (the "cpu" resource)."""
+    nics: int = field(init=False)
+    """NICs per node."""
+    intra_Bps: float = field(init=False)
+    """Effective intra-node bandwidth per device per direction, bytes/s."""
+    nic_Bps: float = field(init=False)
+    """Effective bandwidth per NIC per direction, bytes/s."""
+    oversub: float = field(init=False)
+    """Fat-tree oversubscription k (k:1)."""
+    rail: bool = field(init=False)
+    """Rail-optimized fabric: same-rail traffic stays off the spine."""
+    capacity: dict[Resource, float] = field(init=False)
+    """Resource -> units per second (bytes/s; cores for "cpu"), filled by resources_for."""
 
     def __post_init__(self) -> None:
         c = self.cluster
@@ -37,9 +64,9 @@ class Topology:
         self.nic_Bps = c.inter.nic_bw_GBps * 1e9 * self.cost.inter.bw_efficiency
         self.oversub = c.inter.oversubscription
         self.rail = c.inter.topology == "rail_optimized"
-        self.capacity: dict = {}
+        self.capacity = {}
 
-    def resources_for(self, ranks) -> dict:
+    def resources_for(self, ranks) -> dict[Resource, float]:
         """Capacities of the resources the given ranks can touch (created on demand)."""
         nodes = {self.grid.node(r) for r in ranks}
         cap = self.capacity
@@ -68,7 +95,7 @@ class Topology:
     def inter(self, a: int, b: int) -> bool:
         return self.grid.node(a) != self.grid.node(b)
 
-    def route(self, src: int, dst: int) -> tuple:
+    def route(self, src: int, dst: int) -> tuple[Resource, ...]:
         """Resources a transfer from ``src`` to ``dst`` crosses."""
         ns, nd = self.grid.node(src), self.grid.node(dst)
         if ns == nd:
@@ -81,7 +108,7 @@ class Topology:
             path += [("up", ns), ("down", nd)]
         return tuple(path)
 
-    def byte_cost(self, res: tuple) -> float:
+    def byte_cost(self, res: Resource) -> float:
         """Units of ``res`` one byte of a transfer uses (core-seconds on a shared-CPU host)."""
         return 1.0 / self.intra_Bps if res[0] == "cpu" else 1.0
 

@@ -26,19 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from twin.spec import Job
+from twin.vocab import wire_factor
 from twin.workload.params import layer_params, norm_params, stage_params, vocab_rows
-
-WIRE_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "gather": lambda n: 1.0,
-    "scatter": lambda n: 1.0,
-    "send": lambda n: 1.0,
-}
 
 
 @dataclass
@@ -61,7 +50,7 @@ class GroupTraffic:
 
     @property
     def wire_bytes(self) -> float:
-        return sum(WIRE_FACTOR[k](self.size) * b for k, (_, b) in self.calls.items())
+        return sum(wire_factor(k, self.size) * b for k, (_, b) in self.calls.items())
 
     def as_dict(self) -> dict:
         return {"size": self.size, "bytes": self.bytes, "wire_bytes": self.wire_bytes,

@@ -1,0 +1,98 @@
+"""Activation memory and recomputation (activation checkpointing): what each unit keeps for backward.
+
+Forward, every unit allocates the activations it keeps for its backward: a layer the
+bytes of ``activation_bytes_per_layer`` under the plan's ``recompute`` policy
+(Korthikanti et al. 2022, Table 2), the head its input and fp32 logits, the embedding its
+dropout mask (when the model has dropout). Backward frees them once the unit's backward
+is done. ``recompute=full`` keeps only a layer's input and runs the whole layer forward
+again, in its own ``recompute`` phase, just before the layer's backward (its activations
+allocated for that while); ``recompute=selective`` re-runs only the attention core
+(Korthikanti §5).
+"""
+
+from __future__ import annotations
+
+from twin.schedule.emit import ProgramBuilder
+from twin.schedule.passes import EMBED, LAYER, Pass, Unit
+from twin.schedule.tensor import TensorParallel
+from twin.spec import ModelSpec, ParallelPlan
+from twin.workload.memory import activation_bytes_per_layer
+from twin.workload.params import vocab_rows
+
+
+def layer_activation_bytes(model: ModelSpec, par: ParallelPlan, recompute: str) -> float:
+    """Bytes one layer keeps for backward on one micro-batch under ``recompute``."""
+    return activation_bytes_per_layer(model, par.micro_batch_size, par.tp, par.sp, recompute,
+                                      par.flash_attention)
+
+
+def head_activation_bytes(model: ModelSpec, par: ParallelPlan, elem_bytes: int) -> float:
+    """The head's kept activations: 2 * e * s*b*h / (t under SP) (final norm's and the head's
+    inputs) + 4 * s*b * vocab/t (fp32 logits)."""
+    sb = model.seq_len * par.micro_batch_size
+    sp_div = par.tp if par.sp else 1
+    return 2 * elem_bytes * sb * model.hidden_size / sp_div + 4 * sb * vocab_rows(model, par.tp)
+
+
+def embedding_dropout_bytes(model: ModelSpec, par: ParallelPlan) -> float:
+    """The embedding's dropout mask: one byte per element of s*b*h (/t under SP)."""
+    sp_div = par.tp if par.sp else 1
+    return model.seq_len * par.micro_batch_size * model.hidden_size / sp_div
+
+
+def apply_ac(out: ProgramBuilder, model: ModelSpec, par: ParallelPlan,
+             tp: TensorParallel) -> Recompute:
+    """Activation memory of every unit, and the recomputation ``par.recompute`` asks for
+    (re-running ``tp``'s layer or attention core)."""
+    return Recompute(out, model, par, tp)
+
+
+class Recompute(Pass):
+    """Allocates and frees the kept activations; re-runs forward work before a backward."""
+
+    def __init__(self, out: ProgramBuilder, model: ModelSpec, par: ParallelPlan,
+                 tp: TensorParallel):
+        self.b, self.tp = out, tp
+        self.policy = par.recompute
+        self.dropout = bool(model.dropout)
+        self.layer_bytes = layer_activation_bytes(model, par, par.recompute)
+        self.full_layer_bytes = layer_activation_bytes(model, par, "none")
+        self.head_bytes = head_activation_bytes(model, par, out.e)
+        self.embed_bytes = embedding_dropout_bytes(model, par)
+
+    def _buffer(self, unit: Unit) -> tuple[str, float] | None:
+        """The unit's kept activations: (buffer name, bytes), or None."""
+        mb = unit.ctx.mb
+        if unit.kind == LAYER:
+            return f"act.L{unit.key}.mb{mb}", self.layer_bytes
+        if unit.kind == EMBED:
+            return (f"act.embed.mb{mb}", self.embed_bytes) if self.dropout else None
+        return f"act.head.mb{mb}", self.head_bytes
+
+    def before(self, unit: Unit) -> None:
+        """Forward: allocate the kept activations. Backward of a layer: recompute."""
+        if not unit.backward:
+            buf = self._buffer(unit)
+            if buf:
+                self.b.alloc(unit.ctx, buf[0], "activations", buf[1])
+            return
+        if unit.kind != LAYER or self.policy == "none":
+            return
+        rctx = unit.ctx.at(phase="recompute")
+        if self.policy == "full":
+            self.b.alloc(rctx, f"ract.L{unit.key}.mb{rctx.mb}", "activations",
+                         self.full_layer_bytes)
+            unit.x = self.tp.layer_forward(rctx, [unit.x, unit.deps])
+        elif self.policy == "selective":
+            unit.recompute_attention = self.tp.attention_recompute(rctx, [unit.x, unit.deps])
+
+    def after(self, unit: Unit) -> None:
+        """Backward: free the kept activations (and a full recomputation's)."""
+        if not unit.backward:
+            return
+        buf = self._buffer(unit)
+        if buf:
+            self.b.free(unit.ctx, buf[0], "activations", buf[1], [unit.out])
+        if unit.kind == LAYER and self.policy == "full":
+            self.b.free(unit.ctx, f"ract.L{unit.key}.mb{unit.ctx.mb}", "activations",
+                        self.full_layer_bytes, [unit.out])

@@ -1,0 +1,147 @@
+"""Build one rank's program for one optimizer step by applying the paradigms' passes in order.
+
+What a rank does in one step:
+1. setup: allocate the model states this rank keeps (parameters, gradients, optimizer
+   states, sharded per ZeRO stage);
+2. the pipeline table of its stage (GPipe, 1F1B or interleaved; one stage without PP):
+   each forward receives its chunk's input (not on the first chunk), runs the chunk's
+   units (embedding on the first chunk, its layers, final norm, head and loss on the
+   last) and sends the output on; each backward the reverse;
+3. step end: the gradient collectives still in flight, the gradients' final reductions
+   (SP's norm weights, PP's tied embedding), the gradient-norm all-reduce for clipping,
+   the optimizer step on the local shard, and ZeRO-1/2's parameter all-gather.
+
+Every paradigm's ops come from its own pass (see ``StepBuilder.__init__`` for the order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from twin.schedule.data import apply_dp
+from twin.schedule.emit import Ctx, Idx, ProgramBuilder
+from twin.schedule.ir import Program
+from twin.schedule.p2p import apply_pp
+from twin.schedule.passes import EMBED, HEAD_UNIT, LAYER, Pass, Unit
+from twin.schedule.pipeline import stage_order
+from twin.schedule.recompute import apply_ac
+from twin.schedule.sharded import apply_fsdp
+from twin.schedule.stage import HEAD, ROOT, stage_layout
+from twin.schedule.tensor import apply_tp
+from twin.spec import Job
+from twin.workload.memory import model_state_bytes
+from twin.workload.params import stage_params
+
+
+class StepBuilder:
+    """Emits one rank's step; see the module docstring for what, ``__init__`` for the passes."""
+
+    def __init__(self, job: Job, rank: int):
+        self.job, self.rank = job, rank
+        par, grid, model = job.parallel, job.grid, job.model
+        self.b = b = ProgramBuilder(job, rank)
+        self.stage = grid.coord(rank, "pp")
+        self.layout = layout = stage_layout(job, self.stage)
+        dp_group = grid.group(rank, "dp")
+        self.tp = apply_tp(b, model, par, grid.group(rank, "tp"), layout.tensors)
+        self.pp = apply_pp(b, model, par, grid.group(rank, "pp"), self.stage)
+        # The passes, in the order they are applied (torchtitan's parallelize: apply_tp ->
+        # apply_ac -> apply_fsdp or apply_ddp). Each later pass wraps the earlier ones
+        # around every unit, as module wrappers nest: its ``before`` runs first and its
+        # ``after`` last. So TP is the body itself; recomputation re-runs that body (with
+        # its TP collectives) inside the data-parallel pass, which needs the recomputed
+        # forward done and the gradients made before it issues buckets, and FSDP gathers a
+        # unit's parameters before anything inside uses them and reshards after all of
+        # it. DDP/ZeRO-1/2 and FSDP exclude each other. The pipeline is outermost: it
+        # works at chunk boundaries (``receive``/``send``), not around units; at step end
+        # its tied-embedding all-reduce comes after SP's norm gradients.
+        candidates: list[Pass | None] = [
+            self.tp,                              # tensor (+ sequence) parallelism: the bodies
+            apply_ac(b, model, par, self.tp),     # activation memory and recomputation
+            apply_dp(b, par, layout, dp_group),   # DDP / ZeRO-1/2 gradient buckets
+            apply_fsdp(b, par, layout, dp_group), # ZeRO-3 / FSDP gathers and reduce-scatters
+            self.pp,                              # pipeline p2p and tied embeddings
+        ]
+        self.passes: list[Pass] = [p for p in candidates if p is not None]
+
+    # -- setup -----------------------------------------------------------------------
+    def setup(self) -> None:
+        par = self.job.parallel
+        states = model_state_bytes(stage_params(self.job, self.stage), par.dp, par.zero_stage,
+                                   self.job.model.dtype)
+        ctx = Ctx("setup")
+        for cat in ("params", "grads", "optimizer"):
+            self.b.alloc(ctx, f"model.{cat}", cat, getattr(states, cat))
+
+    # -- the units of a chunk ---------------------------------------------------------
+    def units(self, ctx: Ctx, chunk: int) -> Iterator[Unit]:
+        """The chunk's units in execution order: embedding (chunk 0), layers, head (last
+        chunk) forward; the reverse backward."""
+        seq = [(EMBED, ROOT)] if chunk == 0 else []
+        seq += [(LAYER, layer) for layer in self.layout.chunk_layers[chunk]]
+        if self.layout.is_last_chunk(chunk):
+            seq.append((HEAD_UNIT, HEAD))
+        if ctx.phase == "bwd":
+            seq.reverse()
+        for i, (kind, key) in enumerate(seq):
+            after = seq[i + 1] if i + 1 < len(seq) else None
+            yield Unit(kind, key, ctx.at(layer=key) if kind == LAYER else ctx,
+                       next_layer=after[1] if after and after[0] == LAYER else None)
+
+    def run(self, unit: Unit) -> Idx:
+        """The unit's body with every pass's hooks around it (outermost first before it)."""
+        for p in reversed(self.passes):
+            p.before(unit)
+        unit.out = self.tp.run(unit)
+        for p in self.passes:
+            p.after(unit)
+        return unit.out
+
+    def forward(self, mb: int, chunk: int) -> None:
+        ctx = Ctx("fwd", mb=mb, chunk=chunk)
+        x = self.pp.receive(ctx, chunk)
+        for unit in self.units(ctx, chunk):
+            unit.x = x
+            x = self.run(unit)
+        self.pp.send(ctx, chunk, x)
+
+    def backward(self, mb: int, chunk: int) -> None:
+        ctx = Ctx("bwd", mb=mb, chunk=chunk)
+        g = self.pp.receive(ctx, chunk)
+        for unit in self.units(ctx, chunk):
+            unit.x = self.b.last_compute if unit.kind == HEAD_UNIT else g  # the head: the loss
+            g = self.run(unit)
+        self.pp.send(ctx, chunk, g)
+
+    # -- step end ----------------------------------------------------------------------
+    def step_end(self) -> None:
+        b, par = self.b, self.job.parallel
+        ctx = Ctx("opt")
+        waits: list[Idx] = [b.last_compute]
+        for p in self.passes:
+            waits += p.grads_reduced()
+        for p in self.passes:
+            waits += p.finalize_grads(ctx, waits)
+        dims = ["tp", "pp"] + (["dp"] if par.zero_stage >= 1 else [])
+        norm_group = self.job.grid.group(self.rank, dims)
+        norm = b.collective(ctx, "grad_norm.ar", "all_reduce", norm_group, "-".join(dims), 4,
+                            waits, stream="comm")
+        params = stage_params(self.job, self.stage)
+        local = -(-params // par.dp) if par.zero_stage >= 1 else params
+        step = b.optimizer(ctx, "adam", local, [norm] + waits)
+        for p in self.passes:
+            p.after_optimizer(ctx, step)
+
+    def build(self) -> Program:
+        par = self.job.parallel
+        self.setup()
+        for action in stage_order(par.pp_schedule, par.pp, par.num_microbatches, self.stage,
+                                  par.pp_virtual_stages):
+            (self.forward if action.phase == "F" else self.backward)(action.mb, action.chunk)
+        self.step_end()
+        return self.b.program()
+
+
+def build_program(job: Job, rank: int) -> Program:
+    """One rank's program for one optimizer step."""
+    return StepBuilder(job, rank).build()
