@@ -40,7 +40,7 @@ def main() -> None:
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "twin.cli.main", "inspect", "model=llama3_70b",
+        subprocess.run([sys.executable, "-m", "paratwin.main", "inspect", "model=llama3_70b",
                         "cluster.num_nodes=8", "parallel.tp=8"], check=True,
                        capture_output=True)
         times.append(time.perf_counter() - t0)

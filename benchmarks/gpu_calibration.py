@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PARATWIN = [sys.executable, "-m", "twin.cli.main"]
+PARATWIN = [sys.executable, "-m", "paratwin.main"]
 
 GEMMS = [[m, n, k] for m, n, k in ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
                                    (8192, 8192, 8192), (8192, 4096, 4096), (4096, 14336, 4096),

@@ -14,8 +14,7 @@ import time
 
 from hydra import compose, initialize_config_dir
 
-from twin.cli.config import job_from_cfg, register_schemas
-from twin.cli.main import CONF_DIR
+from paratwin.config import CONF_DIR, job_from_cfg, register_schemas
 from twin.sim.engine import SimOptions
 from twin.sim.run import simulate
 

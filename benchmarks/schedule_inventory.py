@@ -10,8 +10,7 @@ import sys
 
 from hydra import compose, initialize_config_dir
 
-from twin.cli.config import job_from_cfg, register_schemas
-from twin.cli.main import CONF_DIR
+from paratwin.config import CONF_DIR, job_from_cfg, register_schemas
 from twin.schedule.builder import build_schedule
 
 

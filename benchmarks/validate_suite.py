@@ -15,7 +15,7 @@ import sys
 
 def main() -> None:
     args = sys.argv[1:]
-    cmd = [sys.executable, "-m", "twin.cli.main", "validate", "report=false", *args]
+    cmd = [sys.executable, "-m", "paratwin.main", "validate", "report=false", *args]
     print("$ paratwin " + " ".join(cmd[3:]), flush=True)
     sys.exit(subprocess.run(cmd).returncode)
 

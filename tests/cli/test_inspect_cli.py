@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def paratwin(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "twin.cli.main", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "paratwin.main", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=60)
 
 
@@ -77,7 +77,7 @@ def test_usage_lists_the_verbs():
 
 
 def test_what_if_path_needs_no_torch(tmp_path):
-    code = ("import sys; from twin.cli.main import main; sys.argv=['paratwin','inspect'];\n"
+    code = ("import sys; from paratwin.main import main; sys.argv=['paratwin','inspect'];\n"
             "try:\n    main()\nfinally:\n    assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=tmp_path, timeout=60)

@@ -6,8 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from twin.cli.config import job_from_cfg, register_schemas, to_spec
-from twin.cli.main import CONF_DIR
+from paratwin.config import CONF_DIR, job_from_cfg, register_schemas, to_spec
 from twin.spec import ClusterSpec, ModelSpec
 
 PRESETS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml"))

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def paratwin(*args: str, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
     """`paratwin ARGS` as a user runs it (a fresh process), with its output."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "twin.cli.main", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "paratwin.main", *args], capture_output=True,
                           text=True, cwd=cwd or ROOT, timeout=timeout, env=env)
 
 

@@ -13,10 +13,12 @@ pytest.importorskip("torch")
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
-from executor.cli import execute  # noqa: E402
+from paratwin.config import (
+    CONF_DIR,  # noqa: E402
+    register_schemas,  # noqa: E402
+)
+from paratwin.verbs import execute  # noqa: E402
 from tests.executor.helpers import alive, paratwin, rank_pids  # noqa: E402
-from twin.cli.config import register_schemas  # noqa: E402
-from twin.cli.main import CONF_DIR  # noqa: E402
 from twin.schedule.check import memory_peak  # noqa: E402
 from twin.schedule.ir import Schedule  # noqa: E402
 from twin.spec import ConfigError  # noqa: E402

@@ -54,7 +54,7 @@ def test_a_crashing_rank_ends_the_run_with_its_error_and_keeps_completed_steps(t
 @pytest.mark.timeout(90)
 def test_a_hanging_rank_is_killed_by_the_watchdog_and_ranks_listen_on_loopback_only(tmp_path):
     out = tmp_path / "hang"
-    cmd = [sys.executable, "-m", "twin.cli.main", "execute", "steps=2", "warmup=1",
+    cmd = [sys.executable, "-m", "paratwin.main", "execute", "steps=2", "warmup=1",
            "timeout_s=6", f"out_dir={out}", "fault={kind: hang, rank: 1, step: 1, op: 30}"]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from twin.cli.report import positional_runs
+from paratwin.verbs.report import positional_runs
 from twin.report import Options, write_report
 
 pytestmark = pytest.mark.timeout(180)
@@ -57,7 +57,7 @@ def test_positional_directories_become_runs(tmp_path):
 
 
 def paratwin(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "twin.cli.main", "report", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "paratwin.main", "report", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120)
 
 

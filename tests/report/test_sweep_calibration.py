@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from paratwin.config import preset_cluster
 from tests.conftest import cluster
 from twin.calibrate_profile import read_csv
 from twin.cost import default_cost_model, ring_allreduce_time
@@ -67,7 +68,7 @@ def test_bench_csvs_read_tolerantly_and_drawn_with_the_model(bench_dir):
     run = rd.load(bench_dir)
     rows = read_csv(bench_dir / "collectives.csv")
     assert len(rows) == 7 and rows[0]["extra"] == "x" and rows[0]["bytes"] == 4096.0
-    figs, note = calibration.calibration_figures(run)
+    figs, note = calibration.calibration_figures(run, presets=preset_cluster)
     assert "cpu_local with 2 ranks" in note
     coll, kern = figs
     names = {t.name for t in coll.data}
@@ -81,12 +82,12 @@ def test_unknown_cluster_draws_points_only_and_says_why(bench_dir, tmp_path):
     d = tmp_path / "b"
     d.mkdir()
     (d / "collectives.csv").write_text((bench_dir / "collectives.csv").read_text())
-    figs, note = calibration.calibration_figures(rd.load(d))
+    figs, note = calibration.calibration_figures(rd.load(d), presets=preset_cluster)
     assert "cluster=NAME" in note
     assert all(t.name.endswith("measured") for t in figs[0].data)
     with pytest.raises(ValueError, match="not a preset; choose one of"):
-        calibration.calibration_figures(rd.load(d), "dgx_h1000")
-    figs, note = calibration.calibration_figures(rd.load(d), "dgx_h100")
+        calibration.calibration_figures(rd.load(d), "dgx_h1000", preset_cluster)
+    figs, note = calibration.calibration_figures(rd.load(d), "dgx_h100", preset_cluster)
     assert "dgx_h100 (given)" in note
 
 
@@ -97,5 +98,5 @@ def test_profile_yaml_in_the_directory_is_used(bench_dir, tmp_path):
     (d / "meta.json").write_text('{"backend": "gloo", "world_size": 2}')
     cost = dataclasses.replace(default_cost_model(cluster()), name="fitted-here")
     cost.save(d / "profile.yaml")
-    _, note = calibration.calibration_figures(rd.load(d))
+    _, note = calibration.calibration_figures(rd.load(d), presets=preset_cluster)
     assert "profile profile.yaml (fitted-here)" in note

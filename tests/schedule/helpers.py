@@ -7,8 +7,7 @@ from functools import cache
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from twin.cli.config import job_from_cfg, register_schemas
-from twin.cli.main import CONF_DIR
+from paratwin.config import CONF_DIR, job_from_cfg, register_schemas
 
 PARALLEL = sorted(p.stem for p in (CONF_DIR / "parallel").glob("*.yaml"))
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import html as _html
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from twin.chrome import write_chrome
 from twin.report import calibration, memory, overlay, summary, sweep, timeline
@@ -33,6 +35,8 @@ class Options:
     title: str | None = None
     cluster: str | None = None
     """Calibration: the conf/cluster preset the benchmarks ran on, when the directory does not say."""
+    presets: Callable[[str], Any] | None = None
+    """Calibration: cluster presets by name (the CLI passes paratwin.config.preset_cluster)."""
     png: bool = False
     """Also write one PNG per figure (kaleido + the system's chromium) into REPORT-png/."""
 
@@ -120,11 +124,12 @@ def sweep_sections(runs: list[rd.Run]) -> list[Section]:
     return [Section("sweep", "sweep", _html.escape(note), figs)]
 
 
-def calibration_sections(runs: list[rd.Run], cluster: str | None = None) -> list[Section]:
+def calibration_sections(runs: list[rd.Run], cluster: str | None = None,
+                         presets=None) -> list[Section]:
     out = []
     for r in runs:
         if r.bench_csvs:
-            figs, note = calibration.calibration_figures(r, cluster)
+            figs, note = calibration.calibration_figures(r, cluster, presets)
             out.append(Section(f"calibration-{len(out)}", f"calibration: {r.name}", _html.escape(
                 f"{len(r.bench_csvs)} benchmark table(s): "
                 f"{', '.join(p.name for p in r.bench_csvs)}; {note}"), figs))
@@ -146,7 +151,7 @@ def sections(runs: list[rd.Run], opts: Options) -> list[Section]:
              ("timeline and memory", lambda: trace_sections(runs, opts)),
              ("twin vs real", lambda: overlay_sections(runs, opts)),
              ("sweep", lambda: sweep_sections(runs)),
-             ("calibration", lambda: calibration_sections(runs, opts.cluster))]
+             ("calibration", lambda: calibration_sections(runs, opts.cluster, opts.presets))]
     out: list[Section] = []
     for name, make in parts:
         try:

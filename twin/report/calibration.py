@@ -14,16 +14,15 @@ import json
 import math
 import re
 from collections import defaultdict
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 import plotly.graph_objects as go
-import yaml
 from plotly.subplots import make_subplots
 
 from twin.calibrate_profile import read_csv
 from twin.cost import CostModel, default_cost_model
-from twin.report.rundir import Run, cluster_from_config, csv_kind
+from twin.report.rundir import Run, csv_kind
 from twin.schedule.ir import COLLECTIVE_KINDS, COMPUTE_KINDS, Op, Program
 from twin.sim.engine import SimOptions, Simulation
 from twin.spec import ClusterSpec, ModelSpec, ParallelPlan, build_job
@@ -32,26 +31,19 @@ MODELLED = (*COLLECTIVE_KINDS, "sendrecv")
 SIZE_COLORS = ("#3366CC", "#DC3912", "#FF9900", "#109618", "#990099", "#0099C6", "#DD4477")
 
 
-CONF_CLUSTERS = Path(__file__).resolve().parents[2] / "conf" / "cluster"
+Presets = Callable[[str], ClusterSpec]
+"""Cluster presets by name (the CLI's conf/cluster/; the report never reads the config tree)."""
 
 
-def preset_cluster(name: str) -> ClusterSpec:
-    """A cluster preset of conf/cluster/ by name (its fields over the spec's defaults)."""
-    path = CONF_CLUSTERS / f"{name}.yaml"
-    if not path.is_file():
-        names = sorted(p.stem for p in CONF_CLUSTERS.glob("*.yaml"))
-        raise ValueError(f"cluster={name} is not a preset; choose one of {', '.join(names)}")
-    cluster = cluster_from_config(yaml.safe_load(path.read_text()) or {})
-    if cluster is None:
-        raise ValueError(f"{path} is not a valid cluster preset")
-    return cluster
-
-
-def bench_cluster(run: Run, name: str | None = None) -> tuple[ClusterSpec | None, str]:
+def bench_cluster(run: Run, name: str | None = None,
+                  presets: Presets | None = None) -> tuple[ClusterSpec | None, str]:
     """The cluster the benchmarks ran on: ``name`` (a preset), the directory's config, or,
-    for a gloo bench (meta.json), cpu_local with its world size; else none."""
+    for a gloo bench (meta.json), cpu_local with its world size; else none. Presets come
+    from ``presets`` (none without it)."""
     if name:
-        return preset_cluster(name), f"cluster {name} (given)"
+        if presets is None:
+            raise ValueError(f"cluster={name}: no presets to look it up in (pass presets=)")
+        return presets(name), f"cluster {name} (given)"
     if run.cluster is not None:
         return run.cluster, f"cluster {run.cluster.name} (config.yaml)"
     meta_path = run.path / "meta.json"
@@ -59,15 +51,15 @@ def bench_cluster(run: Run, name: str | None = None) -> tuple[ClusterSpec | None
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     except (OSError, json.JSONDecodeError):
         meta = {}
-    if meta.get("backend") == "gloo":
-        base = preset_cluster("cpu_local")
+    if meta.get("backend") == "gloo" and presets is not None:
+        base = presets("cpu_local")
         n = int(meta.get("world_size") or base.gpus_per_node)
         return dataclasses.replace(base, gpus_per_node=n), \
             f"cluster cpu_local with {n} ranks (meta.json says gloo; give cluster=NAME otherwise)"
     return None, ""
 
 
-def load_profile(run: Run, cluster: ClusterSpec | None) -> tuple[CostModel | None, str]:
+def run_profile(run: Run, cluster: ClusterSpec | None) -> tuple[CostModel | None, str]:
     """The run's profile YAML, else the cluster's published defaults, else none."""
     if run.profile_path is not None:
         cost = CostModel.load(run.profile_path)
@@ -217,10 +209,11 @@ def kernel_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel
     return fig
 
 
-def calibration_figures(run: Run, cluster_name: str | None = None) -> tuple[list[go.Figure], str]:
+def calibration_figures(run: Run, cluster_name: str | None = None,
+                        presets: Presets | None = None) -> tuple[list[go.Figure], str]:
     """The figures of one directory's benchmark CSVs, and a note on the model used."""
-    cluster, on = bench_cluster(run, cluster_name)
-    cost, where = load_profile(run, cluster)
+    cluster, on = bench_cluster(run, cluster_name, presets)
+    cost, where = run_profile(run, cluster)
     coll = [r for p in run.bench_csvs if csv_kind(p) == "collective" for r in read_csv(p)]
     kern = [r for p in run.bench_csvs if csv_kind(p) == "kernel" for r in read_csv(p)]
     figs = []

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 import simpy
@@ -26,103 +24,21 @@ from twin.cost import CostModel
 from twin.schedule.ir import Op, Program
 from twin.sim.collectives import Transfer, plan_collective
 from twin.sim.fabric import Fabric
+from twin.sim.records import (  # noqa: F401 - SimOptions, fold_classes: public here
+    Bundle,
+    Fitted,
+    P2PPair,
+    PairKey,
+    Rendezvous,
+    RendezvousKey,
+    SimOptions,
+    Structure,
+    fold_classes,
+)
 from twin.sim.topology import Resource, Topology
 from twin.spec import Job
 
 FIFO_UNORDERED = ("p2p", "mem")
-
-RendezvousKey = tuple[tuple[int, ...], str]
-"""A collective's rendezvous: (its group's ranks, the op's name)."""
-PairKey = tuple[int, int, str]
-"""A send/recv pair: (src, dst, tag)."""
-
-
-@dataclass
-class SimOptions:
-    """What-if knobs and fidelity options of one simulation."""
-
-    fold: str = "none"
-    """none, dp, tp or all: axes whose ranks are simulated once (exact copies)."""
-    algorithm: str = "auto"
-    """Collective algorithm: auto (hierarchical across nodes, else ring), ring, tree."""
-    straggler: dict[int, float] = field(default_factory=dict)
-    """rank -> compute slowdown factor (2.0: that rank computes at half speed)."""
-    degraded: dict[Resource, float] = field(default_factory=dict)
-    """fabric resource -> bandwidth factor, e.g. {("nic_out", 0, 0): 0.5}."""
-    jitter: bool = False
-    """Draw compute and collective noise from the profile's compute_cv / comm_cv."""
-    seed: int = 0
-
-
-def fold_classes(job: Job, fold: str) -> dict[int, list[int]]:
-    """Representative rank -> the ranks it stands for (itself first)."""
-    dims = {"none": (), "dp": ("dp",), "tp": ("tp",), "all": ("dp", "tp")}[fold]
-    if job.parallel.legacy_dp and "dp" in dims:
-        raise ValueError("fold=dp cannot fold legacy DP: device 0 differs from the others; "
-                         "use fold=none")
-    grid = job.grid
-    out: dict[int, list[int]] = {}
-    for r in range(grid.world_size):
-        rep = r - sum(grid.coord(r, d) * (grid.rank(**{d: 1}) if grid.size(d) > 1 else 0)
-                      for d in dims)
-        out.setdefault(rep, []).append(r)
-    return out
-
-
-class Bundle(NamedTuple):
-    """One fabric flow standing for a phase's flows (see Simulation._bundle_spec)."""
-
-    resources: tuple[Resource, ...]
-    weights: tuple[float, ...]
-    """Per resource: how many of the phase's flows (and their folded copies) cross it."""
-    size_bytes: float
-    """The largest per-flow byte count: the bundle moves at its most loaded resource's pace."""
-    byte_costs: tuple[float, ...]
-    """Per resource: units of it one byte uses (Topology.byte_cost)."""
-
-
-class Fitted(NamedTuple):
-    """A collective's phases after a measured latency/bandwidth fit (Simulation._fitted)."""
-
-    bundles: list[Bundle | None]
-    latencies_s: list[float]
-    """Per-phase latency."""
-    base_latency_s: float
-    """Added once, before the first phase."""
-
-
-@dataclass(slots=True)
-class Rendezvous:
-    """A collective waiting for its simulated members."""
-
-    members_left: int
-    """Simulated members yet to arrive; the last one starts the collective."""
-    done: simpy.Event
-    """Fires when the collective completes."""
-
-
-@dataclass(slots=True)
-class P2PPair:
-    """A send/recv pair waiting for its two sides."""
-
-    done: simpy.Event
-    """Fires when the transfer completes."""
-    arrived: int = 0
-    """Sides that have reached it (the transfer starts at 2, or at 1 when the peer is folded)."""
-
-
-class Structure(NamedTuple):
-    """What every rank of one program template shares (Simulation._structure)."""
-
-    streams: dict[str, list[int]]
-    """Stream -> indices of its ops in order (memory ops excluded)."""
-    external: set[int]
-    """Ops that another stream (or a p2p op) waits for: they get completion events."""
-    ext_deps: list[tuple[int, ...]]
-    """Per op: its dependencies among ``external``."""
-    base_s: list[float]
-    """Per op: compute time before straggler, jitter and overlap factors (0 for the rest)."""
-
 
 class Simulation:
     """One simulated step of a schedule."""

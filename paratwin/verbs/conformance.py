@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from twin.cli.config import job_from_cfg
+from paratwin.config import job_from_cfg
 from twin.spec import ConfigError
 from twin.spec.errors import check_choice, check_positive
 

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from paratwin.config import CONF_DIR, to_spec
 from twin.calibrate_profile import build_profile
-from twin.cli.config import to_spec
-from twin.cli.main import CONF_DIR
 from twin.cost import CostModel
 from twin.spec import ClusterSpec, ConfigError
 
@@ -36,7 +35,7 @@ def check_writable(path: Path) -> None:
 def run_bench(run_dir: Path, overrides: list[str], timeout_s: float) -> Path:
     """`paratwin bench` into RUN_DIR/bench, its progress shown as it runs."""
     out = run_dir / "bench"
-    cmd = [sys.executable, "-m", "twin.cli.main", "bench", f"out_dir={out}",
+    cmd = [sys.executable, "-m", "paratwin.main", "bench", f"out_dir={out}",
            f"timeout_s={timeout_s}", *overrides]
     print(f"measuring: {' '.join(cmd[2:])}", flush=True)
     proc = subprocess.run(cmd, timeout=timeout_s * 4)

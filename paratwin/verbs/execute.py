@@ -16,8 +16,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from executor.collectives import MAX_VERIFY_WORLD
+from paratwin.config import job_from_cfg
 from twin import rundir
-from twin.cli.config import job_from_cfg
 from twin.schedule.builder import build_schedule
 from twin.schedule.check import check_schedule, memory_peak
 from twin.spec import ConfigError

@@ -7,11 +7,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from paratwin.config import job_from_cfg, load_profile
+from paratwin.progress import Progress
 from twin.chrome import chrome_trace
-from twin.cli.config import job_from_cfg
-from twin.cli.main import CONF_DIR
-from twin.cli.progress import Progress
-from twin.cost import CostModel, default_cost_model
 from twin.files import write_json_atomic, write_text_atomic
 from twin.sim.engine import SimOptions
 from twin.sim.run import simulate
@@ -20,23 +18,6 @@ from twin.spec import ConfigError
 
 FOLDS = ("none", "dp", "tp", "all", "auto")
 AUTO_FOLD_ABOVE = 512
-
-
-def load_profile(name, cluster) -> CostModel:
-    """A calibration profile by name (conf/profiles/NAME.yaml) or path; None: defaults."""
-    if name is None:
-        return default_cost_model(cluster)
-    path = Path(str(name))
-    if not path.suffix:
-        path = CONF_DIR / "profiles" / f"{name}.yaml"
-    if not path.exists():
-        have = sorted(p.stem for p in (CONF_DIR / "profiles").glob("*.yaml"))
-        raise ConfigError(f"calibration={name}: no profile at {path}; available: "
-                          f"{', '.join(have) or 'none yet (run paratwin calibrate)'}")
-    try:
-        return CostModel.load(path)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
 
 
 def options_from_cfg(cfg, job) -> SimOptions:

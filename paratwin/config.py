@@ -1,14 +1,20 @@
-"""The config edge: Hydra/OmegaConf nodes in, plain validated specs out."""
+"""The config edge: where conf/ is, Hydra/OmegaConf nodes in, plain validated specs and profiles out."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from twin.cost import CostModel, default_cost_model
 from twin.spec import ClusterSpec, ConfigError, Job, ModelSpec, ParallelPlan, build_job
+from twin.spec.io import cluster_from_dict
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+"""The Hydra config tree (presets, profiles): the one place that says where it is."""
 
 SPECS = {"model": ModelSpec, "cluster": ClusterSpec, "parallel": ParallelPlan}
 
@@ -67,3 +73,34 @@ def job_from_cfg(cfg: DictConfig) -> Job:
     """Build the three specs from a composed config and check them against each other."""
     specs = {name: to_spec(cls, cfg.get(name), name) for name, cls in SPECS.items()}
     return build_job(**specs)
+
+
+def load_profile(name, cluster) -> CostModel:
+    """A calibration profile by name (conf/profiles/NAME.yaml) or path; None: defaults."""
+    if name is None:
+        return default_cost_model(cluster)
+    path = Path(str(name))
+    if not path.suffix:
+        path = CONF_DIR / "profiles" / f"{name}.yaml"
+    if not path.exists():
+        have = sorted(p.stem for p in (CONF_DIR / "profiles").glob("*.yaml"))
+        raise ConfigError(f"calibration={name}: no profile at {path}; available: "
+                          f"{', '.join(have) or 'none yet (run paratwin calibrate)'}")
+    try:
+        return CostModel.load(path)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def preset_cluster(name: str) -> ClusterSpec:
+    """A cluster preset of conf/cluster/ by name (its fields over the spec's defaults)."""
+    import yaml
+
+    path = CONF_DIR / "cluster" / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml"))
+        raise ConfigError(f"cluster={name} is not a preset; choose one of {', '.join(names)}")
+    try:
+        return cluster_from_dict(yaml.safe_load(path.read_text()) or {})
+    except Exception as err:  # noqa: BLE001 - a broken preset file: say which
+        raise ConfigError(f"{path} is not a valid cluster preset ({err})") from None

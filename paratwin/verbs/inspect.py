@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from twin.cli.config import job_from_cfg
+from paratwin.config import job_from_cfg
 from twin.spec import ConfigError
 from twin.workload.summary import format_inspect, inspect_job
 

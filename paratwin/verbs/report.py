@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from paratwin.config import preset_cluster
 from twin.spec import ConfigError
 
 OVERRIDE_PREFIXES = ("-", "+", "~")
@@ -40,7 +41,7 @@ def run(cfg) -> dict:
             raise ConfigError(f"{key}={cfg.get(key)} must be at least {least}")
     opts = Options(max_spans=int(cfg.max_spans), max_timelines=int(cfg.max_timelines),
                    chrome=bool(cfg.chrome), title=cfg.get("title"), png=bool(cfg.get("png")),
-                   cluster=cfg.get("cluster"))
+                   cluster=cfg.get("cluster"), presets=preset_cluster)
     try:
         done = build(runs, cfg.get("out"), opts)
     except (FileNotFoundError, NotADirectoryError, ValueError, RuntimeError) as err:

@@ -5,21 +5,20 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from paratwin.config import CONF_DIR
 
-VERBS: dict[str, tuple[str, str]] = {
-    # verb: (module with run(cfg), one line of help)
-    "inspect": ("twin.cli.inspect", "parameters, memory per category, FLOPs and traffic per rank"),
-    "simulate": ("twin.cli.simulate", "the twin: step time, MFU, bubbles, exposed comm and memory of a plan"),
-    "schedule": ("twin.cli.schedule", "one rank's program of ops: kinds, collectives per group, JSON dump"),
-    "execute": ("executor.cli.execute", "run the schedule for real with torch.distributed, timing every op"),
-    "bench": ("executor.cli.bench", "microbenchmark collectives and kernels of this machine (CSV)"),
-    "calibrate": ("executor.cli.calibrate", "measure this machine and fit the twin's cost model"),
-    "validate": ("executor.cli.validate", "run a suite for real and hold the twin's predictions against it"),
-    "conformance": ("executor.cli.conformance", "the schedule's collectives vs PyTorch's DDP/FSDP2/TP/PP"),
-    "report": ("twin.cli.report", "one self-contained HTML report of run directories"),
+VERBS: dict[str, str] = {
+    # verb: one line of help; its module paratwin.verbs.VERB has run(cfg)
+    "inspect": "parameters, memory per category, FLOPs and traffic per rank",
+    "simulate": "the twin: step time, MFU, bubbles, exposed comm and memory of a plan",
+    "schedule": "one rank's program of ops: kinds, collectives per group, JSON dump",
+    "execute": "run the schedule for real with torch.distributed, timing every op",
+    "bench": "microbenchmark collectives and kernels of this machine (CSV)",
+    "calibrate": "measure this machine and fit the twin's cost model",
+    "validate": "run a suite for real and hold the twin's predictions against it",
+    "conformance": "the schedule's collectives vs PyTorch's DDP/FSDP2/TP/PP",
+    "report": "one self-contained HTML report of run directories",
 }
 
 USAGE = """usage: paratwin VERB [key=value ...] [-m]
@@ -36,7 +35,7 @@ and swept with -m (Hydra multirun). `paratwin VERB --help` shows the composed co
 
 def _usage() -> str:
     width = max(map(len, VERBS))
-    return USAGE.format(verbs="\n".join(f"  {v.ljust(width)}  {h}" for v, (_, h) in VERBS.items()))
+    return USAGE.format(verbs="\n".join(f"  {v.ljust(width)}  {h}" for v, h in VERBS.items()))
 
 
 def guarded(verb: str, run: Callable) -> Callable:
@@ -114,15 +113,15 @@ def main(argv: list[str] | None = None) -> None:
 
     import hydra
 
-    from twin.cli.config import register_schemas
+    from paratwin.config import register_schemas
 
     register_schemas()
-    module = importlib.import_module(VERBS[verb][0])
+    module = importlib.import_module(f"paratwin.verbs.{verb}")
     app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=verb)(
         guarded(verb, module.run))
     args = argv[1:]
     if verb == "report":  # Hydra takes no positional arguments: DIR ... becomes runs=[...]
-        from twin.cli.report import positional_runs
+        from paratwin.verbs.report import positional_runs
 
         args = positional_runs(args)
     sys.argv = [f"paratwin {verb}", *args]

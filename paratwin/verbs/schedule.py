@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from twin.cli.config import job_from_cfg
+from paratwin.config import job_from_cfg
 from twin.schedule.builder import build_schedule
 from twin.schedule.check import check_schedule
 from twin.spec import ConfigError

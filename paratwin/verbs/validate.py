@@ -18,8 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from twin.cli.config import job_from_cfg
-from twin.cli.simulate import load_profile
+from paratwin.config import CONF_DIR, job_from_cfg, load_profile
 from twin.files import write_json_atomic
 from twin.sim.run import simulate
 from twin.spec import ConfigError
@@ -42,7 +41,7 @@ def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough) -> 
         return json.loads(done.read_text())
     model, cluster, extra = passthrough
     exec_dir, twin_dir = out / name / "execute", out / name / "twin"
-    cmd = [sys.executable, "-m", "twin.cli.main", "execute", f"model={model}", f"cluster={cluster}",
+    cmd = [sys.executable, "-m", "paratwin.main", "execute", f"model={model}", f"cluster={cluster}",
            f"parallel={preset}", f"cluster.gpus_per_node={world}", f"steps={cfg.steps}",
            f"warmup={cfg.warmup}", f"timeout_s={cfg.timeout_s}", f"out_dir={exec_dir}",
            "format=json", "report=false", *extra, *list(cfg.get("overrides") or [])]
@@ -105,7 +104,7 @@ def run(cfg) -> dict:
     fmt = cfg.get("format", "text")
     if fmt not in ("text", "json"):
         raise ConfigError(f"format={fmt!r} is not one of text|json")
-    presets = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "parallel")
+    presets = sorted(p.stem for p in (CONF_DIR / "parallel")
                      .glob("*.yaml"))
     suite = list(cfg.get("suite") or [])
     info = list(cfg.get("info_suite") or [])

@@ -1,1 +1,0 @@
-"""The executor's verbs: `paratwin execute` and `paratwin bench` (Hydra composes, the launcher spawns)."""
