@@ -19,6 +19,7 @@ RUN_DIR/
   kernels.csv        paratwin bench: measured kernels (+ time_s_model after calibrate)
   meta.json          paratwin bench: the machine
   profile.yaml       paratwin calibrate: the fitted profile; fits.json: its residuals
+  modelled.csv       paratwin calibrate: each benchmarked point, measured and modelled
 ```
 """
 
@@ -48,6 +49,7 @@ KERNELS_CSV = "kernels.csv"
 BENCH_META = "meta.json"
 PROFILE = "profile.yaml"
 FITS = "fits.json"
+MODELLED = "modelled.csv"
 OUTPUTS = (REPORT, CHROME, CHROME_FALLBACK)
 """Files the report writes: never read back as inputs."""
 

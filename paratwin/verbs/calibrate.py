@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import shutil
 import subprocess
@@ -11,8 +13,11 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from paratwin.config import CONF_DIR, to_spec
-from twin.calibrate_profile import build_profile
+from twin import rundir
+from twin.calibrate.predict import MODELLED_COLUMNS, modelled_rows
+from twin.calibrate.profile import build_profile, read_csv
 from twin.cost import CostModel
+from twin.files import write_text_atomic
 from twin.spec import ClusterSpec, ConfigError
 
 
@@ -58,6 +63,18 @@ def run_interference(run_dir: Path, world: int, gemm_n: int, timeout_s: float) -
           "all-reduces", flush=True)
     launch_local(out, world, timeout_s=timeout_s, log=lambda m: None)
     return json.loads((out / "interference.json").read_text())
+
+
+def write_modelled(run_dir: Path, bench_dir: Path, cluster: ClusterSpec, profile: CostModel) -> Path:
+    """modelled.csv: every benchmarked point measured beside the fitted profile's prediction."""
+    rows = {name: read_csv(bench_dir / name) if (bench_dir / name).exists() else []
+            for name in (rundir.COLLECTIVES_CSV, rundir.KERNELS_CSV)}
+    table = modelled_rows(rows[rundir.COLLECTIVES_CSV], rows[rundir.KERNELS_CSV], cluster, profile)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=MODELLED_COLUMNS)
+    writer.writeheader()
+    writer.writerows(table)
+    return write_text_atomic(run_dir / rundir.MODELLED, buf.getvalue())
 
 
 def format_fits(profile: CostModel, report: dict, path: Path) -> str:
@@ -121,7 +138,8 @@ def run(cfg) -> dict:
             if (bench_dir / f).exists():
                 shutil.copy(bench_dir / f, run_dir / f)
     profile.save(run_dir / "profile.yaml")
-    (run_dir / "fits.json").write_text(json.dumps(report, indent=2, default=float))
+    rundir.write_json(run_dir / rundir.FITS, report)
+    write_modelled(run_dir, bench_dir, cluster, profile)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     print(json.dumps({"profile": str(path), **report}, indent=2, default=float) if fmt == "json"
           else format_fits(profile, report, path))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from twin.calibrate import KernelPoint, cv_from_spread, fit_kernel, fit_latency_bandwidth, kernel_time
+from twin.calibrate.fit import KernelPoint, cv_from_spread, fit_kernel, fit_latency_bandwidth, kernel_time
 from twin.cost import CostModel, KernelCost
 
 PEAK, BW = 1e11, 3e10

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -58,6 +59,12 @@ def test_calibrate_fits_a_bench_dir_and_refuses_foreign_files(tmp_path):
     assert fit["bw_GBps"] == pytest.approx(2.0, rel=0.05)
     assert fit["latency_us"] == pytest.approx(100.0, rel=0.1)
     assert res["kernels"]["gemm/fp32"]["params"]["efficiency"] * 0.071e12 == pytest.approx(5e10, rel=0.05)
+    # the run directory holds each point measured beside the fitted profile's prediction
+    with open(tmp_path / "c" / "modelled.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["table"] for r in rows} == {"collective", "kernel"} and len(rows) == 8
+    big = [r for r in rows if r["kind"] == "all_reduce" and float(r["bytes"]) == 1 << 24]
+    assert abs(float(big[0]["error"])) < 0.1  # 16 MB: the bandwidth term, fitted to 2 GB/s
     sim = paratwin("simulate", "model=tiny", "cluster=cpu_local", f"calibration={prof}",
                    "report=false", "format=json", cwd=tmp_path)
     assert sim.returncode == 0 and json.loads(sim.stdout)["profile"] == "cpu_local"

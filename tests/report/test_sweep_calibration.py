@@ -8,7 +8,8 @@ import pytest
 
 from paratwin.config import preset_cluster
 from tests.conftest import cluster
-from twin.calibrate_profile import read_csv
+from twin.calibrate import predict
+from twin.calibrate.profile import read_csv
 from twin.cost import default_cost_model, ring_allreduce_time
 from twin.report import calibration, sweep
 from twin.report import rundir as rd
@@ -46,7 +47,7 @@ def test_model_line_of_an_allreduce_is_the_ring_closed_form():
     c = cluster(1, 8)
     cost = default_cost_model(c)
     for n, nbytes in ((2, 1e6), (8, 64e6)):
-        t = calibration.collective_time("all_reduce", n, nbytes, c, cost)
+        t = predict.collective_time("all_reduce", n, nbytes, c, cost)
         bw = c.intra.bw_GBps * 1e9 * cost.intra.bw_efficiency
         want = cost.base_latency_us * 1e-6 + ring_allreduce_time(
             nbytes, n, bw, cost.link_latency_s(c, False))
@@ -60,8 +61,8 @@ def test_kernel_model_is_compute_time_of_the_measured_op():
            "bytes": 6 * 1024 ** 2}
     k, f = cost.gemm, 2 * 1024 ** 3
     want = f / (100e12 * k.efficiency * f / (f + k.half_flops)) + k.launch_us * 1e-6  # roofline
-    assert calibration.kernel_time(row, c, cost) == pytest.approx(want, rel=1e-9)
-    assert calibration.base_kind("attention.bwd") == "attention"
+    assert predict.kernel_time(row, c, cost) == pytest.approx(want, rel=1e-9)
+    assert predict.base_kind("attention.bwd") == "attention"
 
 
 def test_bench_csvs_read_tolerantly_and_drawn_with_the_model(bench_dir):

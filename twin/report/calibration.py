@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -20,12 +19,12 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from twin.calibrate_profile import read_csv
+from twin.calibrate.predict import base_kind, collective_time, kernel_time
+from twin.calibrate.profile import read_csv
 from twin.cost import CostModel, default_cost_model
 from twin.report.rundir import Run, csv_kind
-from twin.schedule.ir import COLLECTIVE_KINDS, COMPUTE_KINDS, Op, Program
-from twin.sim.engine import SimOptions, Simulation
-from twin.spec import ClusterSpec, ModelSpec, ParallelPlan, build_job
+from twin.schedule.ir import COLLECTIVE_KINDS, COMPUTE_KINDS
+from twin.spec import ClusterSpec
 
 MODELLED = (*COLLECTIVE_KINDS, "sendrecv")
 SIZE_COLORS = ("#3366CC", "#DC3912", "#FF9900", "#109618", "#990099", "#0099C6", "#DD4477")
@@ -67,45 +66,6 @@ def run_profile(run: Run, cluster: ClusterSpec | None) -> tuple[CostModel | None
     if cluster is not None:
         return default_cost_model(cluster), "the cluster's default cost model (no profile YAML)"
     return None, ""
-
-
-def collective_time(kind: str, n: int, nbytes: float, cluster: ClusterSpec, cost: CostModel) -> float:
-    """Seconds of one collective of ``nbytes`` over ranks 0..n-1 simulated alone by the twin."""
-    gpn = cluster.gpus_per_node
-    nodes = max(cluster.num_nodes if n > gpn else 1, math.ceil(n / gpn))
-    cl = dataclasses.replace(cluster, num_nodes=nodes)
-    dtype = next(iter(cluster.gpu.peak_tflops))
-    job = build_job(ModelSpec(dtype=dtype), cl, ParallelPlan())
-    members = tuple(range(n))
-    if kind == "sendrecv":  # one message from rank 0 to rank 1
-        members = (0, 1)
-        progs = {0: Program(0, [Op(name="s", kind="send", stream="p2p", bytes=nbytes, peer=1,
-                                   tag="bench", group_name="bench")]),
-                 1: Program(1, [Op(name="r", kind="recv", stream="p2p", bytes=nbytes, peer=0,
-                                   tag="bench", group_name="bench")])}
-    else:
-        progs = {r: Program(r, [Op(name="bench", kind=kind, stream="comm", phase="opt",
-                                   bytes=nbytes, group=members, group_name="bench", root=0)])
-                 for r in members}
-    sim = Simulation(job, progs, cost, SimOptions(), {r: [r] for r in members})
-    return sim.run()
-
-
-def _shape(text) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", str(text)))
-
-
-def base_kind(kind) -> str:
-    """'attention.bwd' -> 'attention': the cost model's kind of a benchmarked kernel."""
-    return str(kind).split(".")[0]
-
-
-def kernel_time(row: dict, cluster: ClusterSpec, cost: CostModel) -> float:
-    """``CostModel.compute_time`` of a synthetic op with the benchmark row's figures."""
-    op = Op(name="bench", kind=base_kind(row["kind"]), stream="compute", shape=_shape(row.get("shape", "")),
-            dtype=str(row.get("dtype") or next(iter(cluster.gpu.peak_tflops))),
-            flops=float(row.get("flops") or 0.0), bytes=float(row.get("bytes") or 0.0))
-    return cost.compute_time(op, cluster.gpu)
 
 
 def _errors(rows: list[dict]) -> dict | None:

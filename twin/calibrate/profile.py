@@ -8,7 +8,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from twin.calibrate import FitResult, KernelPoint, fit_kernel, fit_latency_bandwidth, robust_cv
+from twin.calibrate.fit import FitResult, KernelPoint, fit_kernel, fit_latency_bandwidth, robust_cv
 from twin.cost import CostModel, KernelCost, default_cost_model
 from twin.spec import ClusterSpec
 

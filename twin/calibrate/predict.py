@@ -1,0 +1,87 @@
+"""What the cost model predicts for benchmarked ops: a collective simulated alone on the
+cluster by the twin (same algorithms, links and latencies as a full simulation), and a
+kernel's ``CostModel.compute_time`` with the measured kind, shape, dtype, FLOPs and bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from twin.cost import CostModel
+from twin.schedule.ir import Op, Program
+from twin.sim.engine import SimOptions, Simulation
+from twin.spec import ClusterSpec, ModelSpec, ParallelPlan, build_job
+from twin.vocab import BENCH_ONLY_KINDS, COLLECTIVE_KINDS, COMPUTE_KINDS
+
+
+def collective_time(kind: str, n: int, nbytes: float, cluster: ClusterSpec, cost: CostModel) -> float:
+    """Seconds of one collective of ``nbytes`` over ranks 0..n-1 simulated alone by the twin."""
+    gpn = cluster.gpus_per_node
+    nodes = max(cluster.num_nodes if n > gpn else 1, math.ceil(n / gpn))
+    cl = dataclasses.replace(cluster, num_nodes=nodes)
+    dtype = next(iter(cluster.gpu.peak_tflops))
+    job = build_job(ModelSpec(dtype=dtype), cl, ParallelPlan())
+    members = tuple(range(n))
+    if kind == "sendrecv":  # one message from rank 0 to rank 1
+        members = (0, 1)
+        progs = {0: Program(0, [Op(name="s", kind="send", stream="p2p", bytes=nbytes, peer=1,
+                                   tag="bench", group_name="bench")]),
+                 1: Program(1, [Op(name="r", kind="recv", stream="p2p", bytes=nbytes, peer=0,
+                                   tag="bench", group_name="bench")])}
+    else:
+        progs = {r: Program(r, [Op(name="bench", kind=kind, stream="comm", phase="opt",
+                                   bytes=nbytes, group=members, group_name="bench", root=0)])
+                 for r in members}
+    sim = Simulation(job, progs, cost, SimOptions(), {r: [r] for r in members})
+    return sim.run()
+
+
+def _shape(text) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", str(text)))
+
+
+def base_kind(kind) -> str:
+    """'attention.bwd' -> 'attention': the cost model's kind of a benchmarked kernel."""
+    return str(kind).split(".")[0]
+
+
+def kernel_time(row: dict, cluster: ClusterSpec, cost: CostModel) -> float:
+    """``CostModel.compute_time`` of a synthetic op with the benchmark row's figures."""
+    op = Op(name="bench", kind=base_kind(row["kind"]), stream="compute", shape=_shape(row.get("shape", "")),
+            dtype=str(row.get("dtype") or next(iter(cluster.gpu.peak_tflops))),
+            flops=float(row.get("flops") or 0.0), bytes=float(row.get("bytes") or 0.0))
+    return cost.compute_time(op, cluster.gpu)
+
+
+MODELLED_COLUMNS = ["table", "kind", "dtype", "group_size", "shape", "bytes", "flops",
+                    "time_s_median", "time_s_p10", "time_s_p90", "time_s_model", "error"]
+"""modelled.csv: one row per benchmarked point, measured beside the profile's prediction;
+``error`` = model / measured - 1."""
+
+
+def modelled_rows(collectives: list[dict], kernels: list[dict], cluster: ClusterSpec,
+                  cost: CostModel) -> list[dict]:
+    """Measured-vs-modelled rows of bench CSV rows (``profile.read_csv``) under ``cost``.
+    Collectives run on the first ``group_size`` ranks of ``cluster``; kernels of kinds the
+    cost model does not know are left out."""
+    out = []
+    for r in collectives:
+        n = int(r.get("group_size") or 0)
+        if n < 2 or r["kind"] not in (*COLLECTIVE_KINDS, *BENCH_ONLY_KINDS):
+            continue
+        t = collective_time(str(r["kind"]), n, float(r["bytes"]), cluster, cost)
+        out.append(_row("collective", r, t, group_size=n))
+    for r in kernels:
+        if base_kind(r["kind"]) not in COMPUTE_KINDS:
+            continue
+        out.append(_row("kernel", r, kernel_time(r, cluster, cost), group_size=""))
+    return out
+
+
+def _row(table: str, r: dict, t: float, group_size) -> dict:
+    m = float(r["time_s_median"])
+    return {"table": table, "kind": r["kind"], "dtype": r.get("dtype", ""), "group_size": group_size,
+            "shape": r.get("shape", ""), "bytes": r.get("bytes", 0.0), "flops": r.get("flops", 0.0),
+            "time_s_median": m, "time_s_p10": r.get("time_s_p10", ""),
+            "time_s_p90": r.get("time_s_p90", ""), "time_s_model": t, "error": t / m - 1}
