@@ -39,7 +39,7 @@ def make_run(directory: Path, spans: int) -> int:
     result = simulate(job, steps=max(1, -(-spans // per_step)))
     directory.mkdir(parents=True, exist_ok=True)
     result.trace.save(directory / "spans.json")
-    (directory / "summary.json").write_text(json.dumps(result.summary, default=float))
+    (directory / "summary.json").write_text(json.dumps(result.summary.to_dict(), default=float))
     return len(result.trace.spans)
 
 

@@ -122,7 +122,7 @@ def replay_task(ctx: RankContext) -> None:
         if step == warmup + steps - 1:  # the Chrome export once, at the end
             write_json(ctx.run_dir / CHROME, chrome_trace(trace), indent=None)
         summary = summarize(trace, job)
-        summary.update({
+        summary.extra.update({
             "source": "executor", "backend": ctx.backend, "device": trace.meta["device"],
             "steps_planned": steps, "warmup": warmup, "verify": bool(s.get("verify")),
             "measured_peak_memory_bytes": measured_peak,
@@ -137,6 +137,6 @@ def replay_task(ctx: RankContext) -> None:
             "barrier_exit_spread_us": trace.meta.get("barrier_exit_spread_us"),
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         })
-        write_json(ctx.run_dir / SUMMARY, summary)
+        write_json(ctx.run_dir / SUMMARY, summary.to_dict())
     ctx.reporter.set_phase("done")
     dist.barrier()

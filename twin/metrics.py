@@ -13,6 +13,7 @@ from collections import defaultdict
 import numpy as np
 
 from twin.spec import Job
+from twin.summary import Summary
 from twin.trace import Span, Trace
 from twin.vocab import COMPUTE_KINDS, MEMORY_CATEGORIES, MEMORY_KINDS, PIPELINE_PHASES
 from twin.workload.flops import model_flops_per_step
@@ -142,7 +143,7 @@ def step_stats(spans: list[Span]) -> dict:
             "bubble_us": bubble, "peak_memory_bytes": mem}
 
 
-def summarize(trace: Trace, job: Job, step_times_s: list[float] | None = None) -> dict:
+def summarize(trace: Trace, job: Job, step_times_s: list[float] | None = None) -> Summary:
     """summary.json fields of a trace (median step; p10/p90 over steps).
 
     ``step_times_s``: the true step times when the trace holds only some ranks (the
@@ -170,25 +171,25 @@ def summarize(trace: Trace, job: Job, step_times_s: list[float] | None = None) -
     def q(p: float) -> float:
         return times[min(len(times) - 1, max(0, round(p * (len(times) - 1))))] / 1e6
 
-    return {
-        "step_time_s": step_s,
-        "step_time_p10_s": q(0.1),
-        "step_time_p50_s": step_s,
-        "step_time_p90_s": q(0.9),
-        "steps": len(times),
-        "tokens_per_s": tokens / step_s,
-        "tflops_per_gpu": flops / step_s / world / 1e12,
-        "mfu": flops / (step_s * world * peak),
-        "bubble_fraction": (float(statistics.mean(st["bubble_us"].values())) / st["step_us"]
+    return Summary(
+        step_time_s=step_s,
+        step_time_p10_s=q(0.1),
+        step_time_p50_s=step_s,
+        step_time_p90_s=q(0.9),
+        steps=len(times),
+        tokens_per_s=tokens / step_s,
+        tflops_per_gpu=flops / step_s / world / 1e12,
+        mfu=flops / (step_s * world * peak),
+        bubble_fraction=(float(statistics.mean(st["bubble_us"].values())) / st["step_us"]
                             if par.pp > 1 else 0.0),
-        "exposed_comm_s": {g: float(statistics.mean(v.values())) / 1e6
+        exposed_comm_s={g: float(statistics.mean(v.values())) / 1e6
                            for g, v in sorted(st["exposed_us"].items())},
-        "compute_s": {str(r): float(st["compute_us"][r]) / 1e6 for r in ranks},
-        "idle_s": {str(r): float(st["idle_us"][r]) / 1e6 for r in ranks},
-        "peak_memory_bytes": {str(r): float(mem[r]) for r in ranks},
-        "peak_memory_max_bytes": float(max(mem.values())) if mem else 0.0,
-        "fits_memory": bool((max(mem.values()) if mem else 0.0) <= job.cluster.hbm_bytes),
-        "world_size": world,
-        "model_flops_per_step": flops,
-        "tokens_per_step": tokens,
-    }
+        compute_s={str(r): float(st["compute_us"][r]) / 1e6 for r in ranks},
+        idle_s={str(r): float(st["idle_us"][r]) / 1e6 for r in ranks},
+        peak_memory_bytes={str(r): float(mem[r]) for r in ranks},
+        peak_memory_max_bytes=float(max(mem.values())) if mem else 0.0,
+        fits_memory=bool((max(mem.values()) if mem else 0.0) <= job.cluster.hbm_bytes),
+        world_size=world,
+        model_flops_per_step=flops,
+        tokens_per_step=tokens,
+    )

@@ -56,7 +56,7 @@ def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough) -> 
     res = simulate(job, cost)
     twin_dir.mkdir(parents=True, exist_ok=True)
     res.trace.save(twin_dir / "spans.json")
-    (twin_dir / "summary.json").write_text(json.dumps(res.summary, indent=2))
+    (twin_dir / "summary.json").write_text(json.dumps(res.summary.to_dict(), indent=2))
     (twin_dir / "config.yaml").write_text((exec_dir / "config.yaml").read_text())
     row = {"name": name, "parallel": preset, "world_size": world,
            **compare(measured, res.summary),

@@ -38,7 +38,7 @@ def run(directory: Path, job, steps: int = 1, **kw) -> Path:
     res = simulate(job, steps=steps, **kw)
     directory.mkdir(parents=True, exist_ok=True)
     res.trace.save(directory / "spans.json")
-    (directory / "summary.json").write_text(json.dumps(res.summary, default=float))
+    (directory / "summary.json").write_text(json.dumps(res.summary.to_dict(), default=float))
     (directory / "config.yaml").write_text(json.dumps(job_to_dict(job)))
     return directory
 

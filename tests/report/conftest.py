@@ -24,7 +24,7 @@ def write_run(directory: Path, job, steps: int = 1, options: SimOptions | None =
     result = simulate(job, cost=cost, options=options, steps=steps)
     result.trace.save(directory / trace_name)
     if summary:
-        (directory / "summary.json").write_text(json.dumps(result.summary, default=float))
+        (directory / "summary.json").write_text(json.dumps(result.summary.to_dict(), default=float))
     (directory / "config.yaml").write_text(yaml.safe_dump(job_to_dict(job)))
     return result
 

@@ -201,4 +201,4 @@ def test_summary_has_the_public_fields():
                 "exposed_comm_s", "compute_s", "idle_s", "peak_memory_bytes", "fits_memory",
                 "world_size", "simulated_ranks", "events", "wall_s"):
         assert key in s
-    json.dumps(s)
+    json.dumps(s.to_dict())  # summary.json: plain JSON

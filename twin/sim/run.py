@@ -12,6 +12,7 @@ from twin.sim.engine import SimOptions, Simulation, fold_classes
 from twin.sim.whatif import check_options
 from twin.spec import Job
 from twin.spec.io import job_to_dict
+from twin.summary import Summary
 from twin.trace import Span, Trace
 
 MAX_TRACE_SPANS = 2_000_000
@@ -20,7 +21,7 @@ MAX_TRACE_SPANS = 2_000_000
 @dataclass
 class SimResult:
     trace: Trace
-    summary: dict
+    summary: Summary
 
 
 def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None = None,
@@ -76,7 +77,8 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
         "fold": options.fold, "simulated_ranks": len(programs), "recorded_ranks": record,
         "profile": cost.name})
     summary = summarize(trace, job, step_times)
-    summary.update({
+    summary.extra.update({
+        "source": "twin",
         "simulated_ranks": len(programs), "fold": options.fold, "events": events,
         "wall_s": wall, "events_per_s": events / wall if wall else 0.0, "ops": n_ops * steps,
         "profile": cost.name, "jitter": options.jitter, "seed": options.seed})

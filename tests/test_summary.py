@@ -1,0 +1,43 @@
+"""The typed Summary keeps summary.json's flat keys (a public interface) and reads back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import cluster
+from twin.sim.run import simulate
+from twin.spec import ModelSpec, ParallelPlan, build_job
+from twin.summary import Summary
+
+PUBLIC_KEYS = {"step_time_s", "step_time_p10_s", "step_time_p50_s", "step_time_p90_s", "steps",
+               "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_fraction", "exposed_comm_s",
+               "compute_s", "idle_s", "peak_memory_bytes", "peak_memory_max_bytes", "fits_memory",
+               "world_size", "simulated_ranks", "events", "wall_s", "fold", "profile"}
+
+
+@pytest.fixture(scope="module")
+def summary() -> Summary:
+    job = build_job(ModelSpec(num_layers=2, hidden_size=256, num_heads=4, ffn_hidden_size=1024,
+                              vocab_size=1000, seq_len=128), cluster(1, 8), ParallelPlan(tp=2))
+    return simulate(job).summary
+
+
+def test_summary_json_keeps_the_readme_keys_flat(summary):
+    d = summary.to_dict()
+    assert PUBLIC_KEYS <= set(d)
+    assert "extra" not in d and d["source"] == "twin"
+    assert json.loads(json.dumps(d)) == d  # plain JSON
+
+
+def test_summary_reads_like_its_dict_and_round_trips(summary):
+    d = summary.to_dict()
+    assert dict(summary) == d and summary["step_time_s"] == summary.step_time_s
+    assert summary["simulated_ranks"] == d["simulated_ranks"] and len(summary) == len(d)
+    assert Summary.from_dict(d) == summary
+
+
+def test_a_dict_without_the_metrics_is_not_a_summary():
+    with pytest.raises(ValueError, match="missing .*step_time_s"):
+        Summary.from_dict({"hello": 1})
