@@ -6,8 +6,6 @@ import csv
 import io
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -38,14 +36,19 @@ def check_writable(path: Path) -> None:
 
 
 def run_bench(run_dir: Path, overrides: list[str], timeout_s: float) -> Path:
-    """`paratwin bench` into RUN_DIR/bench, its progress shown as it runs."""
+    """`paratwin bench` into RUN_DIR/bench (its config composed here, its run called in this
+    process), its progress shown as it runs."""
+    from hydra import compose
+
+    from paratwin.verbs import bench
+
     out = run_dir / "bench"
-    cmd = [sys.executable, "-m", "paratwin.main", "bench", f"out_dir={out}",
-           f"timeout_s={timeout_s}", *overrides]
-    print(f"measuring: {' '.join(cmd[2:])}", flush=True)
-    proc = subprocess.run(cmd, timeout=timeout_s * 4)
-    if proc.returncode != 0:
-        raise ConfigError(f"paratwin bench failed (exit {proc.returncode}); see its output above")
+    args = [f"out_dir={out}", f"timeout_s={timeout_s}", *overrides]
+    print(f"measuring: bench {' '.join(args)}", flush=True)
+    try:
+        bench.run(compose(config_name="bench", overrides=args))
+    except SystemExit as err:
+        raise ConfigError(f"paratwin bench failed (exit {err.code}); see its output above") from None
     return out
 
 

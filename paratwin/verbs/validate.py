@@ -10,15 +10,17 @@ OUT_DIR/validate.json; finished runs are kept when the suite is run again (resum
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from hydra import compose
 
 from paratwin.config import CONF_DIR, job_from_cfg, load_profile
+from paratwin.verbs import execute
 from twin.files import write_json_atomic
 from twin.sim.run import simulate
 from twin.spec import ConfigError
@@ -41,17 +43,23 @@ def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough) -> 
         return json.loads(done.read_text())
     model, cluster, extra = passthrough
     exec_dir, twin_dir = out / name / "execute", out / name / "twin"
-    cmd = [sys.executable, "-m", "paratwin.main", "execute", f"model={model}", f"cluster={cluster}",
-           f"parallel={preset}", f"cluster.gpus_per_node={world}", f"steps={cfg.steps}",
-           f"warmup={cfg.warmup}", f"timeout_s={cfg.timeout_s}", f"out_dir={exec_dir}",
-           "format=json", "report=false", *extra, *list(cfg.get("overrides") or [])]
+    args = [f"model={model}", f"cluster={cluster}", f"parallel={preset}",
+            f"cluster.gpus_per_node={world}", f"steps={cfg.steps}", f"warmup={cfg.warmup}",
+            f"timeout_s={cfg.timeout_s}", f"out_dir={exec_dir}", "format=json", "report=false",
+            *extra, *list(cfg.get("overrides") or [])]
+    ecfg = compose(config_name="execute", overrides=args)  # this app's config tree
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=float(cfg.timeout_s) * 4)
-    if proc.returncode != 0:
-        raise ConfigError(f"validate {name}: paratwin execute failed (exit {proc.returncode}): "
-                          f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    said = io.StringIO()
+    try:  # the execute verb in this process; its printout is not validate's
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
+            execute.run(ecfg)
+    except SystemExit as err:
+        raise ConfigError(f"validate {name}: paratwin execute failed (exit {err.code}): "
+                          f"{(said.getvalue().strip().splitlines() or ['no output'])[-1]}") from None
+    except ConfigError as err:
+        raise ConfigError(f"validate {name}: {err}") from None
     measured = json.loads((exec_dir / "summary.json").read_text())
-    job = job_from_cfg(OmegaConf.load(exec_dir / "config.yaml"))
+    job = job_from_cfg(ecfg)
     cost = load_profile(cfg.get("calibration"), job.cluster)
     res = simulate(job, cost)
     twin_dir.mkdir(parents=True, exist_ok=True)
