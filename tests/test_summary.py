@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import cluster
 from twin.sim.run import simulate
 from twin.spec import ModelSpec, ParallelPlan, build_job
-from twin.summary import Summary
+from twin.summary import TWIN_FIELDS, Summary
 
 PUBLIC_KEYS = {"step_time_s", "step_time_p10_s", "step_time_p50_s", "step_time_p90_s", "steps",
                "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_fraction", "exposed_comm_s",
@@ -28,6 +28,7 @@ def test_summary_json_keeps_the_readme_keys_flat(summary):
     d = summary.to_dict()
     assert PUBLIC_KEYS <= set(d)
     assert "extra" not in d and d["source"] == "twin"
+    assert set(TWIN_FIELDS) <= set(d)  # what the twin says it adds, it adds
     assert json.loads(json.dumps(d)) == d  # plain JSON
 
 

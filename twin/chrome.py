@@ -16,9 +16,7 @@ from twin.files import write_text_atomic
 from twin.metrics import live_series
 from twin.rundir import CHROME_FALLBACK, is_trace_file
 from twin.trace import Span, Trace
-from twin.vocab import MEMORY_KINDS
-
-GIB = float(2 ** 30)
+from twin.vocab import GIB, MEMORY_KINDS
 
 
 def _inside(start_us: float, end_us: float, at_end: bool) -> float:

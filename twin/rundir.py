@@ -50,8 +50,6 @@ BENCH_META = "meta.json"
 PROFILE = "profile.yaml"
 FITS = "fits.json"
 MODELLED = "modelled.csv"
-OUTPUTS = (REPORT, CHROME, CHROME_FALLBACK)
-"""Files the report writes: never read back as inputs."""
 
 
 
@@ -60,22 +58,16 @@ def write_json(path: str | Path, data, indent: int | None = 2) -> Path:
     return write_json_atomic(path, data, indent=indent)
 
 
-def read_json(path: str | Path, what: str = "file"):
-    """A JSON file's content; a file that is not JSON is a ValueError naming it."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); rerun the command that wrote "
-                         f"this {what}") from None
-
-
 def read_summary(run_dir: str | Path) -> dict | None:
     """summary.json of a run directory as a dict, None when there is none."""
     path = Path(run_dir) / SUMMARY
     if not path.is_file():
         return None
-    data = read_json(path, "summary")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); rerun the command that wrote it") \
+            from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a paratwin summary (a JSON object is expected, found "
                          f"{type(data).__name__}); rerun the command that wrote it")

@@ -16,20 +16,16 @@ MEMORY_KINDS = ("alloc", "free")
 """Memory ops: zero-length spans whose bytes and category say what was allocated or freed."""
 KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS + P2P_KINDS + MEMORY_KINDS
 
-STREAMS = ("compute", "comm", "p2p", "mem")
-"""compute and comm* streams are FIFO; p2p and mem ops wait only for their deps (see ir.py)."""
 PHASES = ("fwd", "bwd", "recompute", "opt", "setup")
 PIPELINE_PHASES = ("fwd", "bwd", "recompute")
 """Phases inside a pipeline's forward/backward window (bubbles are measured there)."""
 MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "buffers")
 
+GIB = float(2 ** 30)
+"""Bytes in a GiB (memory figures and counters)."""
+
 BENCH_ONLY_KINDS = ("sendrecv",)
 """Measured by ``paratwin bench`` but not an IR kind: one message from rank 0 to rank 1."""
-
-
-def is_timed(kind: str) -> bool:
-    """Whether spans of this kind take time (memory ops do not)."""
-    return kind not in MEMORY_KINDS
 
 
 # Byte conventions, nccl-tests doc/PERFORMANCE.md: an op's ``bytes`` is the buffer size S

@@ -101,8 +101,8 @@ def run(cfg) -> dict:
     meta = machine_meta(backend, c["world_size"], c["threads"])
     meta["sizes_bytes"] = message_sizes(c["min_bytes"], c["max_bytes"], c["step_factor"])
     meta["group_sizes"] = group_sizes(c["world_size"], c.get("group_sizes"))
-    rundir.write_json(out / "meta.json", meta)
-    files = {"meta": str(out / "meta.json")}
+    rundir.write_json(out / rundir.BENCH_META, meta)
+    files = {"meta": str(out / rundir.BENCH_META)}
     quiet = c["format"] == "json"
 
     def log(message: str) -> None:

@@ -137,10 +137,10 @@ def run(cfg) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     profile.save(path)  # atomic: a temporary file renamed into place
     if bench_dir != run_dir / "bench":
-        for f in ("collectives.csv", "kernels.csv", "meta.json"):
+        for f in (rundir.COLLECTIVES_CSV, rundir.KERNELS_CSV, rundir.BENCH_META):
             if (bench_dir / f).exists():
                 shutil.copy(bench_dir / f, run_dir / f)
-    profile.save(run_dir / "profile.yaml")
+    profile.save(run_dir / rundir.PROFILE)
     rundir.write_json(run_dir / rundir.FITS, report)
     write_modelled(run_dir, bench_dir, cluster, profile)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

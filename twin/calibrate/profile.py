@@ -10,6 +10,7 @@ from pathlib import Path
 
 from twin.calibrate.fit import FitResult, KernelPoint, fit_kernel, fit_latency_bandwidth, robust_cv
 from twin.cost import CostModel, KernelCost, default_cost_model
+from twin.rundir import BENCH_META
 from twin.spec import ClusterSpec
 
 KERNEL_KIND = {"gemm": "gemm", "attention": "attention", "attention.bwd": "attention",
@@ -85,7 +86,7 @@ def build_profile(bench_dir: Path, cluster: ClusterSpec, name: str, dtype: str,
                   interference: dict | None = None) -> tuple[CostModel, dict]:
     """The fitted profile of a bench directory, and a summary of every fit's residuals."""
     base = default_cost_model(cluster)
-    meta_path = bench_dir / "meta.json"
+    meta_path = bench_dir / BENCH_META
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     changes: dict = {}
     report: dict = {"kernels": {}, "collectives": {}}

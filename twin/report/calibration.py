@@ -23,6 +23,7 @@ from twin.calibrate.predict import base_kind, collective_time, kernel_time
 from twin.calibrate.profile import read_csv
 from twin.cost import CostModel, default_cost_model
 from twin.report.rundir import Run, csv_kind
+from twin.rundir import BENCH_META
 from twin.schedule.ir import COLLECTIVE_KINDS, COMPUTE_KINDS
 from twin.spec import ClusterSpec
 
@@ -45,7 +46,7 @@ def bench_cluster(run: Run, name: str | None = None,
         return presets(name), f"cluster {name} (given)"
     if run.cluster is not None:
         return run.cluster, f"cluster {run.cluster.name} (config.yaml)"
-    meta_path = run.path / "meta.json"
+    meta_path = run.path / BENCH_META
     try:
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     except (OSError, json.JSONDecodeError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from twin.schedule.ir import COLLECTIVE_KINDS, COMPUTE_KINDS, P2P_KINDS
 from twin.trace import Span
+from twin.vocab import GIB  # noqa: F401 - the report's unit of memory
 
 PHASE_LABEL = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "opt": "optimizer",
                "setup": "setup"}
@@ -87,4 +88,3 @@ def duration(seconds: float) -> str:
     return f"{seconds * 1e6:.3g} us"
 
 
-GIB = float(1 << 30)
