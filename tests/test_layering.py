@@ -4,6 +4,7 @@ no import cycle between modules, no module over 400 lines, each with a docstring
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +62,23 @@ def test_libraries_do_not_import_hydra():
     bad = [m for m, p in modules().items() if m.split(".")[0] in ("twin", "executor")
            and ("import hydra" in p.read_text() or "from hydra" in p.read_text())]
     assert not bad, f"Hydra belongs to the CLI (paratwin/): {bad}"
+
+
+def test_reports_only_draw():
+    """The report reaches no simulator and computes no summary: what it draws was written by
+    the runs (summary.json, modelled.csv) or handed in by the caller (the CLI)."""
+    g = graph()
+    seen: set[str] = set()
+    todo = [m for m in g if m.startswith("twin.report")]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += g.get(m, ())
+    bad = sorted(m for m in seen if m.startswith(("twin.sim", "twin.calibrate.predict")))
+    assert not bad, f"twin.report reaches {bad}"
+    text = "\n".join(p.read_text() for m, p in modules().items() if m.startswith("twin.report"))
+    assert not re.search(r"from twin\.metrics import[^\n]*\bsummarize\b", text)
 
 
 def test_no_import_cycle():

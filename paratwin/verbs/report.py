@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from paratwin.config import preset_cluster
 from twin.spec import ConfigError
+
+if TYPE_CHECKING:
+    from twin.report.calibration import Model
 
 OVERRIDE_PREFIXES = ("-", "+", "~")
 
@@ -25,8 +29,26 @@ def positional_runs(args: list[str]) -> list[str]:
     return [f"runs=[{quoted}]", *args[len(dirs):]]
 
 
+def bench_model(cluster_name: str | None) -> Model:
+    """The report's model of a bench directory: its modelled.csv, else the rows the twin
+    predicts for each benchmarked point on the cluster the benchmarks ran on (``cluster_name``,
+    the directory's config, or cpu_local for a gloo bench), under its profile YAML if any."""
+    from twin.calibrate.predict import model_bench_dir
+    from twin.calibrate.profile import read_csv
+    from twin.report.rundir import csv_kind
+
+    def model(run) -> tuple[list[dict], str]:
+        rows = {"collective": [], "kernel": []}
+        for p in run.bench_csvs:
+            rows[csv_kind(p)] += read_csv(p)
+        return model_bench_dir(run.path, rows["collective"], rows["kernel"], run.cluster,
+                               run.profile_path, cluster_name, preset_cluster)
+    return model
+
+
 def run(cfg) -> dict:
     """Write the report; print where it and the Chrome exports went."""
+    from twin.metrics import summarize
     from twin.report.browser import BrowserError
     from twin.report.build import Options, build
 
@@ -41,7 +63,7 @@ def run(cfg) -> dict:
             raise ConfigError(f"{key}={cfg.get(key)} must be at least {least}")
     opts = Options(max_spans=int(cfg.max_spans), max_timelines=int(cfg.max_timelines),
                    chrome=bool(cfg.chrome), title=cfg.get("title"), png=bool(cfg.get("png")),
-                   cluster=cfg.get("cluster"), presets=preset_cluster)
+                   model=bench_model(cfg.get("cluster")), summarize=summarize)
     try:
         done = build(runs, cfg.get("out"), opts)
     except (FileNotFoundError, NotADirectoryError, ValueError, RuntimeError) as err:

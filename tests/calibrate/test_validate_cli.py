@@ -65,6 +65,20 @@ def test_calibrate_fits_a_bench_dir_and_refuses_foreign_files(tmp_path):
     assert {r["table"] for r in rows} == {"collective", "kernel"} and len(rows) == 8
     big = [r for r in rows if r["kind"] == "all_reduce" and float(r["bytes"]) == 1 << 24]
     assert abs(float(big[0]["error"])) < 0.1  # 16 MB: the bandwidth term, fitted to 2 GB/s
+    # the report draws that table as written: the model line is modelled.csv's column
+    from twin.calibrate.profile import read_modelled
+    from twin.report import calibration
+    from twin.report import rundir as rd
+
+    (coll, _), note = calibration.calibration_figures(rd.load(tmp_path / "c"))
+    assert "modelled.csv" in note
+    twin = next(t for t in coll.data if t.name == "2 ranks twin")
+    table = read_modelled(tmp_path / "c" / "modelled.csv")
+    want = sorted((r["bytes"], r["time_s_model"] * 1e6) for r in table if r["table"] == "collective")
+    assert list(twin.x) == [x for x, _ in want] and list(twin.y) == pytest.approx([y for _, y in want])
+    rep = paratwin("report", str(tmp_path / "c"), f"out={tmp_path / 'c.html'}", "chrome=false", cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    assert "modelled.csv (the profile paratwin calibrate fitted there)" in (tmp_path / "c.html").read_text()
     sim = paratwin("simulate", "model=tiny", "cluster=cpu_local", f"calibration={prof}",
                    "report=false", "format=json", cwd=tmp_path)
     assert sim.returncode == 0 and json.loads(sim.stdout)["profile"] == "cpu_local"

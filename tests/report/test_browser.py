@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from paratwin.config import preset_cluster
+from paratwin.verbs.report import bench_model
 from twin.report import Options, write_report
 from twin.report import rundir as rd
 from twin.report.browser import Browser, find_chromium
@@ -91,8 +91,8 @@ def test_pipeline_and_oom_report(browser, runs, shots, tmp_path):
 
 
 def test_calibration_report(browser, bench_dir, shots, tmp_path):
-    # the CLI hands the report its cluster presets: the model is drawn beside the points
-    report = write_report([bench_dir], tmp_path / "calibration.html", Options(presets=preset_cluster))
+    # the CLI hands the report its model of a bench directory: drawn beside the points
+    report = write_report([bench_dir], tmp_path / "calibration.html", Options(model=bench_model(None)))
     page = browser.open(report, screenshot=shots / "calibration.png")
     figs = check_rendered(page, ["calibration"])
     assert len(figs) == 2

@@ -24,8 +24,11 @@ def test_trace_found_by_content_under_any_name_and_summary_computed(runs, tmp_pa
     (d / "trace.json").write_text('{"traceEvents": []}')  # a Chrome export: not the trace
     run = rd.load(d)
     assert run.trace_path.name == "whatever.json"
-    # no summary.json and no config.yaml: the job comes from the trace's meta, the summary from it
-    assert run.summary == summarize(run.trace, run.job)
+    # no summary.json and no config.yaml: the job comes from the trace's meta; the report
+    # computes no summary itself, the caller's summarizer does (the CLI passes summarize)
+    assert run.job is not None and run.summary is None and not run.summary_derived
+    run = rd.load(d, summarize)
+    assert run.summary == summarize(run.trace, run.job) and run.summary_derived
 
 
 def test_gzipped_trace_is_found(runs, tmp_path):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 
 import pytest
 
 from paratwin.config import preset_cluster
+from paratwin.verbs.report import bench_model
 from tests.conftest import cluster
 from twin.calibrate import predict
 from twin.calibrate.profile import read_csv
@@ -69,7 +71,7 @@ def test_bench_csvs_read_tolerantly_and_drawn_with_the_model(bench_dir):
     run = rd.load(bench_dir)
     rows = read_csv(bench_dir / "collectives.csv")
     assert len(rows) == 7 and rows[0]["extra"] == "x" and rows[0]["bytes"] == 4096.0
-    figs, note = calibration.calibration_figures(run, presets=preset_cluster)
+    figs, note = calibration.calibration_figures(run, bench_model(None))
     assert "cpu_local with 2 ranks" in note
     coll, kern = figs
     names = {t.name for t in coll.data}
@@ -77,19 +79,49 @@ def test_bench_csvs_read_tolerantly_and_drawn_with_the_model(bench_dir):
     assert sum(t.name == "2 ranks twin" for t in coll.data) == 3  # all_gather, all_reduce, sendrecv
     assert any(t.name.endswith("model") for t in kern.data)
     assert coll.layout.xaxis.type == "log" and coll.layout.yaxis.type == "log"
+    # the line is the twin's prediction at each measured size, not a re-simulation of its own
+    twin = next(t for t in coll.data if t.name == "2 ranks twin")
+    c = dataclasses.replace(preset_cluster("cpu_local"), gpus_per_node=2)
+    kind = coll.layout.annotations[0].text
+    want = [predict.collective_time(kind, 2, x, c, default_cost_model(c)) * 1e6 for x in twin.x]
+    assert list(twin.y) == pytest.approx(want)
+
+
+def test_report_draws_modelled_csv_without_a_model(bench_dir, tmp_path):
+    """A calibrate directory: the model is modelled.csv's column, drawn as written."""
+    d = tmp_path / "cal"
+    d.mkdir()
+    rows = [{"table": "collective", "kind": "all_reduce", "dtype": "", "group_size": 2,
+             "shape": "", "bytes": b, "flops": 0.0, "time_s_median": t, "time_s_p10": t,
+             "time_s_p90": t, "time_s_model": 2 * t, "error": 1.0}
+            for b, t in ((1e3, 1e-4), (1e6, 1e-3))]
+    with (d / "modelled.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=predict.MODELLED_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    run = rd.load(d)
+    assert run.bench_csvs == [] and run.modelled_path == d / "modelled.csv"
+    (coll,), note = calibration.calibration_figures(run)
+    assert "modelled.csv" in note
+    twin = next(t for t in coll.data if t.name == "2 ranks twin")
+    assert list(twin.y) == pytest.approx([200.0, 2000.0])
+    measured = next(t for t in coll.data if t.name == "2 ranks measured")
+    assert list(measured.y) == pytest.approx([100.0, 1000.0])
 
 
 def test_unknown_cluster_draws_points_only_and_says_why(bench_dir, tmp_path):
     d = tmp_path / "b"
     d.mkdir()
     (d / "collectives.csv").write_text((bench_dir / "collectives.csv").read_text())
-    figs, note = calibration.calibration_figures(rd.load(d), presets=preset_cluster)
+    figs, note = calibration.calibration_figures(rd.load(d), bench_model(None))
     assert "cluster=NAME" in note
     assert all(t.name.endswith("measured") for t in figs[0].data)
     with pytest.raises(ValueError, match="not a preset; choose one of"):
-        calibration.calibration_figures(rd.load(d), "dgx_h1000", preset_cluster)
-    figs, note = calibration.calibration_figures(rd.load(d), "dgx_h100", preset_cluster)
+        calibration.calibration_figures(rd.load(d), bench_model("dgx_h1000"))
+    figs, note = calibration.calibration_figures(rd.load(d), bench_model("dgx_h100"))
     assert "dgx_h100 (given)" in note
+    _, note = calibration.calibration_figures(rd.load(d))
+    assert "only the measured points" in note
 
 
 def test_profile_yaml_in_the_directory_is_used(bench_dir, tmp_path):
@@ -99,5 +131,5 @@ def test_profile_yaml_in_the_directory_is_used(bench_dir, tmp_path):
     (d / "meta.json").write_text('{"backend": "gloo", "world_size": 2}')
     cost = dataclasses.replace(default_cost_model(cluster()), name="fitted-here")
     cost.save(d / "profile.yaml")
-    _, note = calibration.calibration_figures(rd.load(d), presets=preset_cluster)
+    _, note = calibration.calibration_figures(rd.load(d), bench_model(None))
     assert "profile profile.yaml (fitted-here)" in note

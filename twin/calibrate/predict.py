@@ -1,14 +1,24 @@
 """What the cost model predicts for benchmarked ops: a collective simulated alone on the
 cluster by the twin (same algorithms, links and latencies as a full simulation), and a
-kernel's ``CostModel.compute_time`` with the measured kind, shape, dtype, FLOPs and bytes."""
+kernel's ``CostModel.compute_time`` with the measured kind, shape, dtype, FLOPs and bytes.
+
+``modelled_rows`` is the one place these predictions become data: ``paratwin calibrate``
+writes them as ``modelled.csv`` and the report draws that file (or, for a bare bench
+directory, the rows the CLI computes here with ``model_bench_dir``); the report never simulates.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
+from collections.abc import Callable
+from pathlib import Path
 
-from twin.cost import CostModel
+from twin.calibrate.profile import read_modelled
+from twin.cost import CostModel, default_cost_model
+from twin.rundir import BENCH_META, MODELLED
 from twin.schedule.ir import Op, Program
 from twin.sim.engine import SimOptions, Simulation
 from twin.spec import ClusterSpec, ModelSpec, ParallelPlan, build_job
@@ -85,3 +95,63 @@ def _row(table: str, r: dict, t: float, group_size) -> dict:
             "shape": r.get("shape", ""), "bytes": r.get("bytes", 0.0), "flops": r.get("flops", 0.0),
             "time_s_median": m, "time_s_p10": r.get("time_s_p10", ""),
             "time_s_p90": r.get("time_s_p90", ""), "time_s_model": t, "error": t / m - 1}
+
+
+Presets = Callable[[str], ClusterSpec]
+"""Cluster presets by name (the CLI's conf/cluster/; the libraries never read the config tree)."""
+
+
+def bench_cluster(run_dir: Path, configured: ClusterSpec | None, name: str | None = None,
+                  presets: Presets | None = None) -> tuple[ClusterSpec | None, str]:
+    """The cluster the benchmarks in ``run_dir`` ran on: ``name`` (a preset), the directory's
+    config (``configured``), or, for a gloo bench (meta.json), cpu_local with its world size;
+    else none."""
+    if name:
+        if presets is None:
+            raise ValueError(f"cluster={name}: no presets to look it up in (pass presets=)")
+        return presets(name), f"cluster {name} (given)"
+    if configured is not None:
+        return configured, f"cluster {configured.name} (config.yaml)"
+    meta_path = Path(run_dir) / BENCH_META
+    try:
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        meta = {}
+    if isinstance(meta, dict) and meta.get("backend") == "gloo" and presets is not None:
+        base = presets("cpu_local")
+        n = int(meta.get("world_size") or base.gpus_per_node)
+        return dataclasses.replace(base, gpus_per_node=n), \
+            f"cluster cpu_local with {n} ranks (meta.json says gloo; give cluster=NAME otherwise)"
+    return None, ""
+
+
+def bench_profile(profile_path: Path | None, cluster: ClusterSpec | None) \
+        -> tuple[CostModel | None, str]:
+    """The directory's profile YAML, else the cluster's published defaults, else none."""
+    if profile_path is not None:
+        cost = CostModel.load(profile_path)
+        return cost, f"profile {Path(profile_path).name} ({cost.name})"
+    if cluster is not None:
+        return default_cost_model(cluster), "the cluster's default cost model (no profile YAML)"
+    return None, ""
+
+
+def model_bench_dir(run_dir: Path, collectives: list[dict], kernels: list[dict],
+                    configured: ClusterSpec | None, profile_path: Path | None,
+                    name: str | None = None, presets: Presets | None = None) \
+        -> tuple[list[dict], str]:
+    """Measured-vs-modelled rows of a directory's bench rows (``profile.read_csv``) and a note
+    on the model used: the directory's ``modelled.csv`` when ``paratwin calibrate`` wrote one
+    and no cluster is named, else computed now; no rows (and the note says why) when the
+    directory does not say which cluster the benchmarks ran on."""
+    run_dir = Path(run_dir)
+    if not name and (run_dir / MODELLED).is_file():
+        return read_modelled(run_dir / MODELLED), \
+            f"model: {MODELLED} (the profile paratwin calibrate fitted there)"
+    cluster, on = bench_cluster(run_dir, configured, name, presets)
+    cost, where = bench_profile(profile_path, cluster)
+    if cluster is None or cost is None:
+        return [], ("the directory does not say which cluster the benchmarks ran on, so only the "
+                    "measured points are drawn; give cluster=NAME (a conf/cluster preset) to draw "
+                    "the model")
+    return modelled_rows(collectives, kernels, cluster, cost), f"model: {where} on {on}"

@@ -43,6 +43,11 @@ def read_csv(path: Path) -> list[dict]:
     return out
 
 
+def read_modelled(path: Path) -> list[dict]:
+    """The rows of a ``modelled.csv`` (``predict.MODELLED_COLUMNS``) that carry a model time."""
+    return [r for r in read_csv(Path(path)) if isinstance(r.get("time_s_model"), float)]
+
+
 def fit_kernels(rows: list[dict], cluster: ClusterSpec, base: CostModel, dtype: str):
     """KernelCost per (dtype, kind) and the residuals; ``dtype``'s fits become the defaults."""
     groups: dict[tuple[str, str], list[KernelPoint]] = defaultdict(list)

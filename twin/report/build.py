@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import html as _html
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from twin.chrome import write_chrome
 from twin.report import calibration, memory, overlay, summary, sweep, timeline
@@ -33,10 +31,12 @@ class Options:
     chrome: bool = True
     """Write each traced run's Chrome/Perfetto export (trace.json) into its directory."""
     title: str | None = None
-    cluster: str | None = None
-    """Calibration: the conf/cluster preset the benchmarks ran on, when the directory does not say."""
-    presets: Callable[[str], Any] | None = None
-    """Calibration: cluster presets by name (the CLI passes paratwin.config.preset_cluster)."""
+    model: calibration.Model | None = None
+    """Calibration: a bench directory's measured-vs-modelled rows (the CLI's computes them on
+    the cluster the benchmarks ran on); without it, the directory's modelled.csv if any."""
+    summarize: rd.Summarizer | None = None
+    """Runs with a trace but no summary.json: their summary (the CLI passes
+    twin.metrics.summarize); without it they have none."""
     png: bool = False
     """Also write one PNG per figure (kaleido + the system's chromium) into REPORT-png/."""
 
@@ -124,15 +124,16 @@ def sweep_sections(runs: list[rd.Run]) -> list[Section]:
     return [Section("sweep", "sweep", _html.escape(note), figs)]
 
 
-def calibration_sections(runs: list[rd.Run], cluster: str | None = None,
-                         presets=None) -> list[Section]:
+def calibration_sections(runs: list[rd.Run], model: calibration.Model | None = None) \
+        -> list[Section]:
     out = []
     for r in runs:
-        if r.bench_csvs:
-            figs, note = calibration.calibration_figures(r, cluster, presets)
+        tables = [*r.bench_csvs, *([r.modelled_path] if r.modelled_path else [])]
+        if tables:
+            figs, note = calibration.calibration_figures(r, model)
             out.append(Section(f"calibration-{len(out)}", f"calibration: {r.name}", _html.escape(
-                f"{len(r.bench_csvs)} benchmark table(s): "
-                f"{', '.join(p.name for p in r.bench_csvs)}; {note}"), figs))
+                f"{len(tables)} benchmark table(s): {', '.join(p.name for p in tables)}; {note}"),
+                figs))
     return out
 
 
@@ -140,7 +141,10 @@ def summary_sections(runs: list[rd.Run]) -> list[Section]:
     if not any(r.summary for r in runs):
         return []
     fig = summary.breakdown_figure(runs)
-    return [Section("summary", "summary", "The numbers to quote (median step).",
+    derived = [r.name for r in runs if r.summary_derived]
+    note = "The numbers to quote (median step)." + (
+        f" No summary.json in {', '.join(derived)}: computed from the trace." if derived else "")
+    return [Section("summary", "summary", _html.escape(note),
                     [fig] if fig else [], html=summary.summary_table(runs))]
 
 
@@ -151,7 +155,7 @@ def sections(runs: list[rd.Run], opts: Options) -> list[Section]:
              ("timeline and memory", lambda: trace_sections(runs, opts)),
              ("twin vs real", lambda: overlay_sections(runs, opts)),
              ("sweep", lambda: sweep_sections(runs)),
-             ("calibration", lambda: calibration_sections(runs, opts.cluster, opts.presets))]
+             ("calibration", lambda: calibration_sections(runs, opts.model))]
     out: list[Section] = []
     for name, make in parts:
         try:
@@ -197,7 +201,7 @@ def build(run_dirs: list[str | Path], out: str | Path | None = None,
     """Write the report of ``run_dirs`` and, as the options say, Chrome exports and PNGs."""
     opts = options or Options()
     paths = rd.expand(list(run_dirs))
-    runs = [rd.load(p) for p in paths]
+    runs = [rd.load(p, opts.summarize) for p in paths]
     target = output_path(paths, out)
     secs = sections(runs, opts)
     if len(runs) == 1:

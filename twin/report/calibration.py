@@ -1,72 +1,30 @@
 """Calibration: benchmark points (``paratwin bench`` CSVs) against the cost model, log-log.
 
-Collectives: measured median time per message size (p10-p90 as error bars), one colour per
-group size, against the twin's own prediction: the collective simulated alone on the
-cluster (same algorithms, links and latencies as a full simulation). Kernels: measured
-time per FLOP (bytes for memory-bound kinds) against ``CostModel.compute_time`` of an op
-with the measured kind, shape, dtype, FLOPs and bytes.
+The report draws, it never simulates: the model comes as measured-vs-modelled rows
+(``twin.calibrate.predict.MODELLED_COLUMNS``), from the directory's ``modelled.csv``
+(written by ``paratwin calibrate``) or from a ``Model`` callable the caller hands in (the
+CLI's computes the rows of a bare bench directory on the cluster it ran on). Collectives:
+measured median time per message size (p10-p90 as error bars), one colour per group size,
+the model as a line through the same sizes. Kernels: time against FLOPs (bytes for
+memory-bound kinds), measured and modelled.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 from collections import defaultdict
 from collections.abc import Callable
 
-import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from twin.calibrate.predict import base_kind, collective_time, kernel_time
-from twin.calibrate.profile import read_csv
-from twin.cost import CostModel, default_cost_model
+from twin.calibrate.profile import read_csv, read_modelled
 from twin.report.rundir import Run, csv_kind
-from twin.rundir import BENCH_META
-from twin.schedule.ir import COLLECTIVE_KINDS, COMPUTE_KINDS
-from twin.spec import ClusterSpec
 
-MODELLED = (*COLLECTIVE_KINDS, "sendrecv")
 SIZE_COLORS = ("#3366CC", "#DC3912", "#FF9900", "#109618", "#990099", "#0099C6", "#DD4477")
 
-
-Presets = Callable[[str], ClusterSpec]
-"""Cluster presets by name (the CLI's conf/cluster/; the report never reads the config tree)."""
-
-
-def bench_cluster(run: Run, name: str | None = None,
-                  presets: Presets | None = None) -> tuple[ClusterSpec | None, str]:
-    """The cluster the benchmarks ran on: ``name`` (a preset), the directory's config, or,
-    for a gloo bench (meta.json), cpu_local with its world size; else none. Presets come
-    from ``presets`` (none without it)."""
-    if name:
-        if presets is None:
-            raise ValueError(f"cluster={name}: no presets to look it up in (pass presets=)")
-        return presets(name), f"cluster {name} (given)"
-    if run.cluster is not None:
-        return run.cluster, f"cluster {run.cluster.name} (config.yaml)"
-    meta_path = run.path / BENCH_META
-    try:
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    except (OSError, json.JSONDecodeError):
-        meta = {}
-    if meta.get("backend") == "gloo" and presets is not None:
-        base = presets("cpu_local")
-        n = int(meta.get("world_size") or base.gpus_per_node)
-        return dataclasses.replace(base, gpus_per_node=n), \
-            f"cluster cpu_local with {n} ranks (meta.json says gloo; give cluster=NAME otherwise)"
-    return None, ""
-
-
-def run_profile(run: Run, cluster: ClusterSpec | None) -> tuple[CostModel | None, str]:
-    """The run's profile YAML, else the cluster's published defaults, else none."""
-    if run.profile_path is not None:
-        cost = CostModel.load(run.profile_path)
-        return cost, f"profile {run.profile_path.name} ({cost.name})"
-    if cluster is not None:
-        return default_cost_model(cluster), "the cluster's default cost model (no profile YAML)"
-    return None, ""
+Model = Callable[[Run], tuple[list[dict], str]]
+"""A run's measured-vs-modelled rows and a note on the model (the CLI's: paratwin.verbs.report)."""
 
 
 def _errors(rows: list[dict]) -> dict | None:
@@ -96,8 +54,7 @@ def _panels(rows: list[dict]):
     return by_kind, kinds, nr, nc, fig
 
 
-def collective_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel | None) \
-        -> go.Figure:
+def collective_figure(rows: list[dict], model: list[dict]) -> go.Figure:
     """One log-log panel per collective kind: measured points and the twin's line per group size."""
     by_kind, kinds, nr, nc, fig = _panels(rows)
     sizes = sorted({int(r["group_size"]) for r in rows})
@@ -115,13 +72,13 @@ def collective_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostM
                 name=f"{name} measured", legendgroup=name, showlegend=i == 0,
                 hovertemplate=f"{kind}, {name}<br>%{{x:.4s}}B: %{{y:,.1f}} us<extra>measured</extra>"),
                 row=row, col=col)
-            if cluster is None or cost is None or n < 2 or kind not in MODELLED:
+            line = sorted((m for m in model if str(m["kind"]) == kind and m.get("table") ==
+                           "collective" and m.get("group_size") == n), key=lambda m: m["bytes"])
+            if not line:
                 continue
-            lo, hi = pts[0]["bytes"], pts[-1]["bytes"]
-            xs = np.geomspace(max(lo, 1.0), max(hi, lo * 2, 2.0), 24)
-            ys = [collective_time(kind, n, x, cluster, cost) * 1e6 for x in xs]
             fig.add_trace(go.Scatter(
-                x=xs, y=ys, mode="lines", line={"color": c, "width": 1.5}, name=f"{name} twin",
+                x=[m["bytes"] for m in line], y=[m["time_s_model"] * 1e6 for m in line],
+                mode="lines", line={"color": c, "width": 1.5}, name=f"{name} twin",
                 legendgroup=name, showlegend=i == 0,
                 hovertemplate=f"{kind}, {name}<br>%{{x:.4s}}B: %{{y:,.1f}} us<extra>twin</extra>"),
                 row=row, col=col)
@@ -133,7 +90,7 @@ def collective_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostM
     return fig
 
 
-def kernel_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel | None) -> go.Figure:
+def kernel_figure(rows: list[dict], model: list[dict]) -> go.Figure:
     """One log-log panel per kernel kind: time against FLOPs (bytes if the kind has none)."""
     by_kind, kinds, nr, nc, fig = _panels(rows)
     dtypes = sorted({str(r.get("dtype", "")) for r in rows})
@@ -155,10 +112,14 @@ def kernel_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel
                 legendgroup=name, showlegend=i == 0, text=[str(p.get("shape", "")) for p in pts],
                 hovertemplate=f"{kind} {dt} %{{text}}<br>%{{x:.4s}}{'FLOP' if use_flops else 'B'}: "
                               "%{y:,.1f} us<extra>measured</extra>"), row=row, col=col)
-            if cluster is None or cost is None or base_kind(kind) not in COMPUTE_KINDS:
+            line = sorted((m for m in model if str(m["kind"]) == kind and m.get("table") ==
+                           "kernel" and str(m.get("dtype", "")) == dt and float(m.get(axis) or 0) > 0),
+                          key=lambda m: float(m[axis]))
+            if not line:
                 continue
             fig.add_trace(go.Scatter(
-                x=xs, y=[kernel_time(p, cluster, cost) * 1e6 for p in pts], mode="lines+markers",
+                x=[float(m[axis]) for m in line], y=[m["time_s_model"] * 1e6 for m in line],
+                mode="lines+markers",
                 line={"color": c, "width": 1.5}, marker={"symbol": "circle-open", "size": 8},
                 name=f"{name} model", legendgroup=name, showlegend=i == 0,
                 hovertemplate="%{y:,.1f} us<extra>model</extra>"), row=row, col=col)
@@ -170,19 +131,25 @@ def kernel_figure(rows: list[dict], cluster: ClusterSpec | None, cost: CostModel
     return fig
 
 
-def calibration_figures(run: Run, cluster_name: str | None = None,
-                        presets: Presets | None = None) -> tuple[list[go.Figure], str]:
-    """The figures of one directory's benchmark CSVs, and a note on the model used."""
-    cluster, on = bench_cluster(run, cluster_name, presets)
-    cost, where = run_profile(run, cluster)
+def calibration_figures(run: Run, model: Model | None = None) -> tuple[list[go.Figure], str]:
+    """The figures of one directory's benchmark points (its bench CSVs, else its
+    modelled.csv) with the model drawn beside them, and a note on the model used."""
     coll = [r for p in run.bench_csvs if csv_kind(p) == "collective" for r in read_csv(p)]
     kern = [r for p in run.bench_csvs if csv_kind(p) == "kernel" for r in read_csv(p)]
+    if model is not None:
+        rows, note = model(run)
+    elif run.modelled_path is not None:
+        rows, note = read_modelled(run.modelled_path), \
+            f"model: {run.modelled_path.name} (the profile paratwin calibrate fitted there)"
+    else:
+        rows, note = [], ("no modelled.csv here (paratwin calibrate writes one), so only the "
+                          "measured points are drawn; `paratwin report` draws the model")
+    if not coll and not kern:  # a calibrate directory whose bench CSVs stayed in bench/
+        coll = [r for r in rows if r.get("table") == "collective"]
+        kern = [r for r in rows if r.get("table") == "kernel"]
     figs = []
     if coll:
-        figs.append(collective_figure(coll, cluster, cost))
+        figs.append(collective_figure(coll, rows))
     if kern:
-        figs.append(kernel_figure(kern, cluster, cost))
-    note = f"model: {where} on {on}" if cluster is not None and cost is not None else \
-        ("the directory does not say which cluster the benchmarks ran on, so only the measured "
-         "points are drawn; give cluster=NAME (a conf/cluster preset) to draw the model")
+        figs.append(kernel_figure(kern, rows))
     return figs, note

@@ -12,12 +12,12 @@ from __future__ import annotations
 import csv
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from twin.metrics import summarize
 from twin.rundir import CONFIG, SUMMARY, find_trace, read_summary
 from twin.spec import ClusterSpec, Job
 from twin.spec.io import cluster_from_dict, job_from_dict
@@ -37,6 +37,10 @@ class Run:
     job: Job | None = None
     bench_csvs: list[Path] = field(default_factory=list)
     profile_path: Path | None = None
+    modelled_path: Path | None = None
+    """paratwin calibrate's measured-vs-modelled table (modelled.csv)."""
+    summary_derived: bool = False
+    """The summary was computed from the trace (no summary.json), by ``load``'s summarizer."""
     cluster: ClusterSpec | None = None
     """The job's cluster, or the config's cluster node alone (bench directories)."""
 
@@ -71,7 +75,8 @@ class Run:
 
 
 def csv_kind(path: Path) -> str | None:
-    """'collective', 'kernel', or None for a CSV that is not a benchmark table."""
+    """'collective', 'kernel', 'modelled' (paratwin calibrate's modelled.csv), or None for a
+    CSV that is not a benchmark table."""
     try:
         with path.open(newline="") as fh:
             header = next(csv.reader(fh), [])
@@ -80,6 +85,8 @@ def csv_kind(path: Path) -> str | None:
     cols = {c.strip() for c in header}
     if not {"kind", "time_s_median"} <= cols:
         return None
+    if "time_s_model" in cols:
+        return "modelled"
     if "group_size" in cols and "bytes" in cols:
         return "collective"
     if "flops" in cols:
@@ -148,8 +155,13 @@ def expand(paths: list[str | Path]) -> list[Path]:
     return out
 
 
-def load(path: str | Path) -> Run:
-    """Read one run directory (see the module docstring)."""
+Summarizer = Callable[[Trace, Job], Mapping]
+
+
+def load(path: str | Path, summarize: Summarizer | None = None) -> Run:
+    """Read one run directory (see the module docstring). A directory with a trace but no
+    summary.json gets ``summarize(trace, job)`` when a summarizer is given (the CLI passes
+    ``twin.metrics.summarize``); the report itself never computes one."""
     path = Path(path)
     run = Run(path=path)
     run.summary = read_summary(path)
@@ -169,12 +181,15 @@ def load(path: str | Path) -> Run:
     run.cluster = run.job.cluster if run.job is not None else (
         cluster_from_config(run.config["cluster"]) if isinstance(run.config, dict) and
         isinstance(run.config.get("cluster"), dict) else None)
-    if run.summary is None and run.trace is not None and run.job is not None and \
-            any(s.kind not in MEMORY_KINDS for s in run.trace.spans):
+    if summarize is not None and run.summary is None and run.trace is not None and \
+            run.job is not None and any(s.kind not in MEMORY_KINDS for s in run.trace.spans):
         run.summary = summarize(run.trace, run.job)
-    run.bench_csvs = sorted(p for p in path.glob("*.csv") if csv_kind(p))
+        run.summary_derived = True
+    kinds = {p: csv_kind(p) for p in sorted(path.glob("*.csv"))}
+    run.bench_csvs = [p for p, k in kinds.items() if k in ("collective", "kernel")]
+    run.modelled_path = next((p for p, k in kinds.items() if k == "modelled"), None)
     run.profile_path = _find_profile(path)
-    if run.summary is None and run.trace is None and not run.bench_csvs:
+    if run.summary is None and run.trace is None and not run.bench_csvs and run.modelled_path is None:
         raise FileNotFoundError(
             f"{path} holds no paratwin trace (spans.json), summary.json or benchmark CSV; "
             "make one with `paratwin simulate out_dir=DIR` (or execute / bench)")
