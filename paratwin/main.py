@@ -38,26 +38,77 @@ def _usage() -> str:
     return USAGE.format(verbs="\n".join(f"  {v.ljust(width)}  {h}" for v, h in VERBS.items()))
 
 
+FAILED: list[str] = []
+"""Points of a -m sweep that failed (one line each), reported when the sweep ends."""
+
+
+def _os_error(err: OSError) -> str:
+    """One line for an OS error: what, where, and what to do."""
+    what = err.strerror or str(err)
+    where = f" {err.filename}" if err.filename else ""
+    fix = {13: "choose a directory you can write (out_dir=...)",
+           30: "choose a writable directory (out_dir=...)",
+           36: "use a shorter path",
+           28: "free some space or choose another disk",
+           20: "a path component is a file, not a directory",
+           21: "give a file path, not a directory",
+           2: "check the path"}.get(err.errno or 0, "check the path and its permissions")
+    return f"{what}:{where} ({fix})"
+
+
 def guarded(verb: str, run: Callable) -> Callable:
-    """Wrap a verb so a config error is one line on stderr and exit code 2, no traceback."""
+    """Wrap a verb so any bad input or OS error is one line on stderr and exit code 2, no
+    traceback (``debug=true`` shows it); an interrupt is one line and exit 130. In a -m
+    sweep a failed point is reported and the sweep goes on (exit 2 at its end)."""
     from omegaconf.errors import OmegaConfBaseException
 
     from twin.spec import ConfigError
 
     def task(cfg):
+        debug = bool(cfg.get("debug", False)) if hasattr(cfg, "get") else False
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("always")
                 warnings.showwarning = _warn_line
                 return run(cfg)
         except ConfigError as err:
-            print(f"paratwin {verb}: config error: {err}", file=sys.stderr)
-            sys.exit(2)
+            message = f"config error: {err}"
+            if debug:
+                raise
         except OmegaConfBaseException as err:
-            print(f"paratwin {verb}: config error: {str(err).splitlines()[0]}", file=sys.stderr)
-            sys.exit(2)
+            message = f"config error: {str(err).splitlines()[0]}"
+            if debug:
+                raise
+        except OSError as err:
+            if debug:
+                raise
+            message = _os_error(err)
+        except (ValueError, RuntimeError, KeyError, TypeError) as err:
+            if debug:
+                raise
+            message = f"error: {str(err).splitlines()[0] if str(err) else type(err).__name__} " \
+                      "(debug=true shows where)"
+        except KeyboardInterrupt:
+            print(f"paratwin {verb}: interrupted", file=sys.stderr)
+            sys.exit(130)
+        line = f"paratwin {verb}: {message}"
+        print(line, file=sys.stderr)
+        if _multirun():
+            FAILED.append(line)
+            return None
+        sys.exit(2)
 
     return task
+
+
+def _multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:  # noqa: BLE001 - no Hydra context: a single run
+        return False
 
 
 _WARNED: set[str] = set()
@@ -105,10 +156,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"paratwin: config tree not found at {CONF_DIR}; install from a source checkout "
               "with `pip install -e .`", file=sys.stderr)
         sys.exit(2)
-    problem = check_group_choices(argv[1:])
-    if problem:
-        print(f"paratwin {verb}: config error: {problem}", file=sys.stderr)
-        sys.exit(2)
+    args = argv[1:]
+    if verb == "report":  # Hydra takes no positional arguments: DIR ... becomes runs=[...]
+        from paratwin.verbs.report import positional_runs
+
+        args = positional_runs(args)
+    flags = [a for a in args if a.startswith("-")]
+    overrides = [a for a in args if not a.startswith("-")]
+    problem = check_group_choices(overrides)
     import importlib
 
     import hydra
@@ -116,16 +171,26 @@ def main(argv: list[str] | None = None) -> None:
     from paratwin.config import register_schemas
 
     register_schemas()
+    if problem is None and not {"--help", "-h", "--info", "--cfg", "-c"} & set(flags):
+        from paratwin.overrides import check
+
+        problem = check(str(CONF_DIR), verb, overrides)
+    if problem:
+        print(f"paratwin {verb}: config error: {problem}", file=sys.stderr)
+        sys.exit(2)
     module = importlib.import_module(f"paratwin.verbs.{verb}")
     app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=verb)(
         guarded(verb, module.run))
-    args = argv[1:]
-    if verb == "report":  # Hydra takes no positional arguments: DIR ... becomes runs=[...]
-        from paratwin.verbs.report import positional_runs
-
-        args = positional_runs(args)
     sys.argv = [f"paratwin {verb}", *args]
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:
+        print(f"paratwin {verb}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    if FAILED:
+        print(f"paratwin {verb}: {len(FAILED)} point(s) of the sweep failed:\n  "
+              + "\n  ".join(FAILED), file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

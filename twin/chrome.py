@@ -14,7 +14,7 @@ from pathlib import Path
 
 from twin.files import write_text_atomic
 from twin.metrics import live_series
-from twin.rundir import CHROME_FALLBACK, is_trace_file
+from twin.rundir import CHROME_FALLBACK, check_replace, is_trace_file
 from twin.trace import Span, Trace
 from twin.vocab import GIB, MEMORY_KINDS
 
@@ -95,7 +95,8 @@ def _slices(trace: Trace, gpus_per_node: int | None = None) -> dict:
         events.append({"ph": "f", "bp": "e", "id": flow, "name": "p2p", "cat": "p2p",
                        "pid": s.rank // gpn, "tid": where[i],
                        "ts": _inside(s.start_us, s.end_us, at_end=True)})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    # otherData first: the head of the file says who wrote it (twin.rundir.is_kind)
+    return {"otherData": {"generator": "paratwin"}, "traceEvents": events, "displayTimeUnit": "ms"}
 
 
 def chrome_trace(trace: Trace, gpus_per_node: int | None = None) -> dict:
@@ -121,5 +122,6 @@ def write_chrome(trace: Trace, path: Path, gpus_per_node: int | None = None) -> 
     if path.is_file() and is_trace_file(path):
         raise ValueError(f"{path} holds a paratwin trace; the Chrome export must not overwrite it "
                          f"(write it to {path.with_name(CHROME_FALLBACK)})")
+    check_replace(path, "chrome")
     return write_text_atomic(path, json.dumps(chrome_trace(trace, gpus_per_node),
                                               separators=(",", ":")))

@@ -20,7 +20,12 @@ RUN_DIR/
   meta.json          paratwin bench: the machine
   profile.yaml       paratwin calibrate: the fitted profile; fits.json: its residuals
   modelled.csv       paratwin calibrate: each benchmarked point, measured and modelled
+  paratwin.json      which verb wrote the directory, and when (``claim``)
 ```
+
+A user's files are theirs: ``claim`` refuses a directory another verb wrote, or one that
+already holds files under this verb's names that paratwin did not write (``force=True``
+overrides), and ``prepare`` clears only what an earlier run of the same verb left there.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from twin.files import write_json_atomic
@@ -50,6 +57,62 @@ BENCH_META = "meta.json"
 PROFILE = "profile.yaml"
 FITS = "fits.json"
 MODELLED = "modelled.csv"
+OWNER = "paratwin.json"
+OWNER_FORMAT = "paratwin-run"
+
+OUTPUTS: dict[str, tuple[str, ...]] = {
+    # the files each verb writes into its run directory (what ``claim`` guards)
+    "simulate": (CONFIG, SUMMARY, TRACE, CHROME, REPORT),
+    "execute": (CONFIG, SUMMARY, TRACE, CHROME, REPORT, SCHEDULE, SETTINGS, PROGRESS, STORE),
+    "bench": (CONFIG, COLLECTIVES_CSV, KERNELS_CSV, BENCH_META, SETTINGS, PROGRESS, STORE),
+    "calibrate": (CONFIG, PROFILE, FITS, MODELLED, COLLECTIVES_CSV, KERNELS_CSV, BENCH_META),
+    "validate": ("validate.json", REPORT),
+}
+
+
+class RunDirError(ValueError):
+    """A run directory that a writer must not write into (one line: the path, why, the fix)."""
+
+
+def owner(run_dir: str | Path) -> str | None:
+    """The verb that wrote ``run_dir`` (its paratwin.json), None when none did."""
+    path = Path(run_dir) / OWNER
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and data.get("format") == OWNER_FORMAT:
+        return str(data.get("verb"))
+    return None
+
+
+def claim(run_dir: str | Path, verb: str, force: bool = False,
+          outputs: Iterable[str] | None = None) -> Path:
+    """Create ``run_dir`` for ``verb``, or take it over when that is safe, and record the verb.
+
+    Refused (RunDirError) unless ``force``: a path that is a file; a directory another verb
+    wrote; a directory no paratwin verb wrote that already holds one of the verb's files
+    (``outputs``, default ``OUTPUTS[verb]``). Files of other names are never touched."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is a file, not a directory; give a directory for the run "
+                          "(a new one is created)")
+    prev = owner(run_dir)
+    if not force and run_dir.is_dir():
+        if prev is not None and prev != verb:
+            raise RunDirError(f"{run_dir} holds a run written by `paratwin {prev}`; `paratwin "
+                              f"{verb}` would replace its files: give another directory, or "
+                              "force=true to write over them")
+        names = OUTPUTS.get(verb, ()) if outputs is None else tuple(outputs)
+        clash = sorted(n for n in names if (run_dir / n).exists()) if prev is None else []
+        if clash:
+            raise RunDirError(f"{run_dir} already holds {', '.join(clash)}, not written by "
+                              f"`paratwin {verb}`; give another directory, or force=true to "
+                              "replace those files (no other file is touched)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / OWNER, {"format": OWNER_FORMAT, "verb": verb,
+                                 "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    return run_dir
 
 
 
@@ -101,20 +164,39 @@ def read_errors(run_dir: str | Path) -> list[dict]:
     return sorted(out, key=lambda e: e.get("t_ns", 0))
 
 
-def prepare(run_dir: str | Path) -> Path:
-    """Create the run directory and clear what a previous run there left behind."""
-    run_dir = Path(run_dir)
-    for sub in ("logs", "errors"):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
-        for old in (run_dir / sub).iterdir():
-            old.unlink()
+def prepare(run_dir: str | Path, verb: str = "execute", force: bool = False) -> Path:
+    """``claim`` the run directory for ranks to run in, and clear what an earlier run of
+    paratwin left there: its rank logs and error reports (logs/rankN.log, errors/rankN.json),
+    trace, Chrome export, summary, progress board and store. Nothing else is removed."""
+    run_dir = claim(run_dir, verb, force)
+    for sub, pattern in (("logs", r"rank\d+\.log"), ("errors", r"rank\d+\.json")):
+        folder = run_dir / sub
+        if folder.exists() and not folder.is_dir():
+            raise RunDirError(f"{folder} is a file; the ranks write their {sub} there: move it")
+        folder.mkdir(exist_ok=True)
+        for old in folder.iterdir():
+            if old.is_file() and re.fullmatch(pattern, old.name):
+                old.unlink()
     for name in (TRACE, CHROME, SUMMARY, PROGRESS, STORE):
-        (run_dir / name).unlink(missing_ok=True)
+        if (run_dir / name).is_file():
+            (run_dir / name).unlink()
     return run_dir
 
 
-def is_trace_file(path: Path) -> bool:
-    """Cheap check of a JSON file's head for the trace format marker."""
+MARKERS = {
+    # what says, in a file's first 4 KiB, that paratwin wrote it and as what
+    "trace": r'"format"\s*:\s*"' + TRACE_FORMAT + '"',
+    "schedule": r'"format"\s*:\s*"paratwin-schedule"',
+    "chrome": r'"generator"\s*:\s*"paratwin"',
+    "report": r"<meta name=.generator. content=.paratwin.",
+    "profile": r"(?m)^format:\s*paratwin-profile",
+    "summary": r'"step_time_s"\s*:',
+}
+
+
+def is_kind(path: str | Path, kind: str) -> bool:
+    """Whether ``path`` is a file paratwin wrote as ``kind`` (a cheap look at its head)."""
+    path = Path(path)
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rt") as fh:
@@ -124,7 +206,24 @@ def is_trace_file(path: Path) -> bool:
                 head = fh.read(4096)
     except (OSError, EOFError, gzip.BadGzipFile):
         return False
-    return bool(re.search(r'"format"\s*:\s*"' + TRACE_FORMAT + '"', head))
+    return bool(re.search(MARKERS[kind], head))
+
+
+def is_trace_file(path: Path) -> bool:
+    """Cheap check of a JSON file's head for the trace format marker."""
+    return is_kind(path, "trace")
+
+
+def check_replace(path: str | Path, kind: str, force: bool = False) -> Path:
+    """``path``, safe to write a ``kind`` file to: absent, or a ``kind`` paratwin wrote
+    (or ``force``); else RunDirError saying it was not overwritten and what to do."""
+    path = Path(path)
+    if path.is_dir():
+        raise RunDirError(f"{path} is a directory; give a file path for the {kind}")
+    if path.exists() and not force and not is_kind(path, kind):
+        raise RunDirError(f"{path} exists and is not a paratwin {kind}; it was not overwritten: "
+                          "give another path, or force=true to replace it")
+    return path
 
 
 def find_trace(run_dir: Path) -> Path | None:
@@ -139,9 +238,12 @@ def find_trace(run_dir: Path) -> Path | None:
 
 
 def chrome_path(directory: Path) -> Path:
-    """Where the Chrome export goes in ``directory``: trace.json, unless that is the
-    paratwin trace itself (then chrome_trace.json)."""
-    path = Path(directory) / CHROME
-    if path.is_file() and is_trace_file(path):
-        return Path(directory) / CHROME_FALLBACK
-    return path
+    """Where the Chrome export goes in ``directory``: trace.json, unless a file there is not
+    a paratwin Chrome export (the paratwin trace itself, or a user's), then
+    chrome_trace.json; RunDirError when neither is free."""
+    for name in (CHROME, CHROME_FALLBACK):
+        path = Path(directory) / name
+        if not path.exists() or is_kind(path, "chrome"):
+            return path
+    raise RunDirError(f"{directory} holds a {CHROME} and a {CHROME_FALLBACK} that paratwin did "
+                      "not write; the Chrome export was not written there (move one of them)")

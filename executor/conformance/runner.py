@@ -25,7 +25,7 @@ ENTRY = "executor.conformance.rank"
 
 def prepare(job: Job, run_dir: Path, steps: int, seed: int, timeout_s: float, threads: int) -> Path:
     """Write RUN_DIR/run.json for the ranks (executor.rank's settings plus the job)."""
-    run_dir = rundir.prepare(run_dir)
+    run_dir = rundir.prepare(run_dir, "conformance")
     rundir.write_json(run_dir / rundir.SETTINGS, {
         "task": TASK, "world_size": job.grid.world_size, "backend": "gloo", "threads": threads,
         "timeout_s": timeout_s, "comm_timeout_s": timeout_s, "job": job_to_dict(job),

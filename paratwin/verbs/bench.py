@@ -96,7 +96,7 @@ def run(cfg) -> dict:
 
     c = bench_settings(cfg)
     backend = _local_checks(c)
-    out = rundir.prepare(Path(c["out_dir"]))
+    out = rundir.prepare(Path(c["out_dir"]), "bench", bool(cfg.get("force", False)))
     (out / rundir.CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
     meta = machine_meta(backend, c["world_size"], c["threads"])
     meta["sizes_bytes"] = message_sizes(c["min_bytes"], c["max_bytes"], c["step_factor"])

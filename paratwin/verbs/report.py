@@ -63,7 +63,8 @@ def run(cfg) -> dict:
             raise ConfigError(f"{key}={cfg.get(key)} must be at least {least}")
     opts = Options(max_spans=int(cfg.max_spans), max_timelines=int(cfg.max_timelines),
                    chrome=bool(cfg.chrome), title=cfg.get("title"), png=bool(cfg.get("png")),
-                   model=bench_model(cfg.get("cluster")), summarize=summarize)
+                   model=bench_model(cfg.get("cluster")), summarize=summarize,
+                   force=bool(cfg.get("force", False)))
     try:
         done = build(runs, cfg.get("out"), opts)
     except (FileNotFoundError, NotADirectoryError, ValueError, RuntimeError) as err:

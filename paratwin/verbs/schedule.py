@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from paratwin.config import job_from_cfg
+from twin import rundir
 from twin.schedule.builder import build_schedule
 from twin.schedule.check import check_schedule
 from twin.spec import ConfigError
@@ -56,8 +58,10 @@ def run(cfg) -> dict:
                               "is too large (use a cluster of at most 256 GPUs)")
         summary["check"] = check_schedule(schedule.programs())
     if cfg.get("out"):
-        schedule.save(cfg.out, ranks=[rank])
-        summary["out"] = str(cfg.out)
+        out = rundir.check_replace(Path(str(cfg.out)), "schedule", bool(cfg.get("force", False)))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        schedule.save(out, ranks=[rank])
+        summary["out"] = str(out)
     if fmt == "json":
         print(json.dumps(summary, indent=2))
     else:

@@ -20,7 +20,9 @@ from pathlib import Path
 from hydra import compose
 
 from paratwin.config import CONF_DIR, job_from_cfg, load_profile
+from paratwin.outdir import out_dir
 from paratwin.verbs import execute
+from twin import rundir
 from twin.files import write_json_atomic
 from twin.sim.run import simulate
 from twin.spec import ConfigError
@@ -62,10 +64,10 @@ def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough) -> 
     job = job_from_cfg(ecfg)
     cost = load_profile(cfg.get("calibration"), job.cluster)
     res = simulate(job, cost)
-    twin_dir.mkdir(parents=True, exist_ok=True)
-    res.trace.save(twin_dir / "spans.json")
-    (twin_dir / "summary.json").write_text(json.dumps(res.summary.to_dict(), indent=2))
-    (twin_dir / "config.yaml").write_text((exec_dir / "config.yaml").read_text())
+    rundir.claim(twin_dir, "simulate", bool(cfg.get("force", False)))
+    res.trace.save(twin_dir / rundir.TRACE)
+    rundir.write_json(twin_dir / rundir.SUMMARY, res.summary.to_dict())
+    (twin_dir / rundir.CONFIG).write_text((exec_dir / rundir.CONFIG).read_text())
     row = {"name": name, "parallel": preset, "world_size": world,
            **compare(measured, res.summary),
            "kinds": kind_errors(Trace.load(exec_dir / "spans.json"), res.trace),
@@ -107,8 +109,6 @@ def format_table(rows: list[dict], info: list[dict], figures: dict) -> str:
 
 
 def run(cfg) -> dict:
-    from hydra.core.hydra_config import HydraConfig
-
     fmt = cfg.get("format", "text")
     if fmt not in ("text", "json"):
         raise ConfigError(f"format={fmt!r} is not one of text|json")
@@ -119,8 +119,7 @@ def run(cfg) -> dict:
     bad = [p for p in suite + info if p not in presets]
     if bad:
         raise ConfigError(f"suite has unknown parallel presets {bad}; choose among {', '.join(presets)}")
-    out = Path(HydraConfig.get().runtime.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = rundir.claim(out_dir(cfg, "validate"), "validate", bool(cfg.get("force", False)))
     passthrough = _passthrough()
     rows, info_rows = [], []
     plan = [(p, int(cfg.world_size), rows) for p in suite] + \

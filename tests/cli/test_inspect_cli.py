@@ -55,7 +55,7 @@ def test_config_error_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.parametrize("arg, text", [
     ("model=llama3_7b", "model=llama3_7b is not a preset; choose one of"),
     ("parallel.tp=abc", "parallel.tp: Value 'abc'"),
-    ("+parallel.tpp=2", "Key 'tpp' not in 'ParallelPlan'"),
+    ("+parallel.tpp=2", "parallel.tpp is not a field; did you mean parallel.tp?"),
     ("format=yaml", "format='yaml' is not one of text|json"),
 ])
 def test_bad_input_is_named(tmp_path, arg, text):

@@ -17,7 +17,7 @@ from twin.report import calibration, memory, overlay, summary, sweep, timeline
 from twin.report import rundir as rd
 from twin.report.html import Section, write
 from twin.report.style import duration
-from twin.rundir import REPORT, chrome_path
+from twin.rundir import REPORT, RunDirError, check_replace, chrome_path
 
 
 @dataclass
@@ -37,6 +37,8 @@ class Options:
     summarize: rd.Summarizer | None = None
     """Runs with a trace but no summary.json: their summary (the CLI passes
     twin.metrics.summarize); without it they have none."""
+    force: bool = False
+    """Write the report over a file that is not a paratwin report."""
     png: bool = False
     """Also write one PNG per figure (kaleido + the system's chromium) into REPORT-png/."""
 
@@ -167,14 +169,15 @@ def sections(runs: list[rd.Run], opts: Options) -> list[Section]:
     return out
 
 
-def output_path(paths: list[Path], out: str | Path | None) -> Path:
-    """report.html in the first run directory, in ``out`` if it is a directory, or ``out``."""
+def output_path(paths: list[Path], out: str | Path | None, force: bool = False) -> Path:
+    """report.html in the first run directory, in ``out`` if it is a directory, or ``out``;
+    never a file that is not a paratwin report (unless ``force``)."""
     if out is None:
-        return paths[0] / REPORT
-    out = Path(out)
-    if out.is_dir() or not out.suffix:
-        return out / REPORT
-    return out
+        target = paths[0] / REPORT
+    else:
+        out = Path(out)
+        target = out / REPORT if out.is_dir() or not out.suffix else out
+    return check_replace(target, "report", force)
 
 
 def export_chrome(runs: list[rd.Run], report: Path) -> list[Path]:
@@ -185,7 +188,11 @@ def export_chrome(runs: list[rd.Run], report: Path) -> list[Path]:
         if r.trace is None:
             continue
         gpn = r.job.cluster.gpus_per_node if r.job is not None else None
-        target = chrome_path(r.path)
+        try:
+            target = chrome_path(r.path)
+        except RunDirError as err:
+            print(f"paratwin report: warning: {err}", file=sys.stderr)
+            continue
         if target.is_file() and r.trace_path is not None and \
                 target.stat().st_mtime >= r.trace_path.stat().st_mtime:
             continue
@@ -202,7 +209,7 @@ def build(run_dirs: list[str | Path], out: str | Path | None = None,
     opts = options or Options()
     paths = rd.expand(list(run_dirs))
     runs = [rd.load(p, opts.summarize) for p in paths]
-    target = output_path(paths, out)
+    target = output_path(paths, out, opts.force)
     secs = sections(runs, opts)
     if len(runs) == 1:
         title = opts.title or f"paratwin report: {summary.run_label(runs[0])}"

@@ -90,9 +90,14 @@ class Section:
         return [f[0] if isinstance(f, tuple) else f for f in self.figures]
 
 
+GENERATOR = "<meta name='generator' content='paratwin'>"
+"""Says in the page's head who wrote it (twin.rundir.is_kind: never overwrite a user's page)."""
+
+
 def render(title: str, subtitle: str, sections: list[Section]) -> str:
     """The whole page as a string."""
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>",
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'>{GENERATOR}"
+             f"<title>{_html.escape(title)}</title>",
              f"<style>{CSS}</style>", PROBE_HEAD,
              f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>",
              f"<h1>{_html.escape(title)}</h1><div class='runs'>{subtitle}</div>",

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from twin.files import write_text_atomic
 from twin.vocab import (  # noqa: F401 - the IR's kinds, re-exported
     COLLECTIVE_KINDS,
     COMPUTE_KINDS,
@@ -177,8 +178,8 @@ class Schedule:
                              for r, p in self.programs(ranks).items()}}
 
     def save(self, path: str | Path, ranks=None) -> None:
-        """Write the programs of ``ranks`` (default all) as JSON."""
-        Path(path).write_text(json.dumps(self.to_dict(ranks)))
+        """Write the programs of ``ranks`` (default all) as JSON, atomically."""
+        write_text_atomic(path, json.dumps(self.to_dict(ranks)))
 
     @classmethod
     def from_dict(cls, data: dict) -> Schedule:
