@@ -62,7 +62,8 @@ def test_interleaved_phases(p, m, v):
 
 
 @pytest.mark.parametrize("name, p, m", [("gpipe", 4, 8), ("1f1b", 4, 8), ("1f1b", 8, 16),
-                                        ("gpipe", 2, 3), ("1f1b", 3, 9)])
+                                        ("gpipe", 2, 3), ("1f1b", 3, 9),
+                                        ("1f1b", 4, 2), ("1f1b", 8, 1)])  # m < p: fill/drain
 def test_bubble_fraction_is_p_minus_1_over_m(name, p, m):
     # Narayanan et al. 2021 §2.2.1: bubble time / ideal time = (p - 1) / m
     orders = [stage_order(name, p, m, s) for s in range(p)]

@@ -14,7 +14,15 @@ from twin.schedule.ir import Op, Program
 from twin.sim.engine import SimOptions, Simulation, fold_classes
 from twin.sim.fabric import Fabric
 from twin.sim.run import simulate
-from twin.spec import ClusterSpec, GPUSpec, InterNodeSpec, IntraNodeSpec, ParallelPlan, build_job
+from twin.spec import (
+    ClusterSpec,
+    ConfigWarning,
+    GPUSpec,
+    InterNodeSpec,
+    IntraNodeSpec,
+    ParallelPlan,
+    build_job,
+)
 
 FREE = CostModel(name="free-comm", base_latency_us=0.0, p2p_latency_us=0.0,
                  intra=LinkCost(bw_efficiency=1.0, latency_us=0.0),
@@ -124,6 +132,14 @@ def _pipeline_job(schedule, p=4, m=8):
 def test_gpipe_bubble_is_p_minus_1_over_m_plus_p_minus_1():
     s = simulate(_pipeline_job("gpipe"), FREE).summary
     assert s["bubble_fraction"] == pytest.approx(3 / 11, rel=0.02)
+
+
+def test_1f1b_with_fewer_microbatches_than_stages_has_the_fill_drain_bubble():
+    """Megatron's 1F1B with m < p (issue 13's refused A100 row): (p - 1) / (m + p - 1)."""
+    with pytest.warns(ConfigWarning, match="degenerates to fill/drain"):
+        job = _pipeline_job("1f1b", p=4, m=2)
+    s = simulate(job, FREE).summary
+    assert s["bubble_fraction"] == pytest.approx(3 / 5, rel=0.02)
 
 
 def test_1f1b_takes_gpipes_time_with_fewer_microbatches_in_flight():

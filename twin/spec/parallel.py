@@ -145,7 +145,15 @@ class ParallelPlan:
                 f"use a multiple of {per_step} such as {lo} or {lo + per_step}")
             return
         m = self.num_microbatches
-        if self.pp > 1 and self.pp_schedule in ("1f1b", "interleaved") and m < self.pp:
+        if self.pp > 1 and self.pp_schedule == "1f1b" and m < self.pp:
+            # Megatron's non-interleaved 1F1B warms up min(p - rank - 1, m) micro-batches:
+            # with m < p it is a fill and a drain (torch's Schedule1F1B refuses it)
+            warnings.warn(
+                f"pp_schedule=1f1b with {m} micro-batch(es) per step on pp={self.pp} stages "
+                f"degenerates to fill/drain: bubble {(self.pp - 1) / (m + self.pp - 1):.0%} of "
+                f"the step; parallel.global_batch_size={self.pp * per_step} or more fills the "
+                "pipeline", ConfigWarning, stacklevel=3)
+        elif self.pp > 1 and self.pp_schedule == "interleaved" and m < self.pp:
             problems.append(
                 f"pp_schedule={self.pp_schedule} needs at least pp={self.pp} micro-batches "
                 f"per step, got {m} (global_batch_size={self.global_batch_size} / "
