@@ -10,7 +10,10 @@ group), so killing it kills anything it started. The watchdog loop ends the run 
   whose error came first (errors/rankN.json), with its phase, step and op;
 - a rank makes no progress for ``timeout_s`` (progress board): all ranks are killed, and
   the message names the stalled rank (the one not waiting for communication, else the
-  one stalled longest) and where every rank stood.
+  one stalled longest) and where every rank stood;
+- the launcher gets SIGTERM, SIGHUP or SIGINT (``Interrupted``): the ranks get SIGTERM and
+  ``GRACE_S`` to finish the step's files, then SIGKILL. Ranks also exit by themselves when
+  the launcher dies, even by SIGKILL (``PARATWIN_LAUNCHER_PID``: see executor/rank.py).
 
 On a cluster the same rank entry runs under torchrun or srun (``torchrun_commands``).
 """
@@ -18,11 +21,13 @@ On a cluster the same rank entry runs under torchrun or srun (``torchrun_command
 from __future__ import annotations
 
 import errno
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +38,13 @@ from twin import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.05
+GRACE_S = 2.0
+"""After an interrupt, how long ranks have between SIGTERM and SIGKILL (rank 0 may be writing)."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+STARTUP_S = 30.0
+"""A rank still importing (phase starting) this soon after spawn is slow to start, not stuck."""
+JOIN_S = 1.0
+"""A rank that began joining (phase init) less than this ago had no fair chance to join."""
 
 
 class LaunchError(RuntimeError):
@@ -41,6 +53,15 @@ class LaunchError(RuntimeError):
     def __init__(self, message: str, kind: str, rank: int):
         super().__init__(message)
         self.kind, self.rank = kind, rank
+
+
+class Interrupted(LaunchError):
+    """The launcher got SIGTERM, SIGHUP or SIGINT: every rank was stopped; kind 'interrupted'."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        self.signame = signal.Signals(signum).name
+        super().__init__(f"interrupted by {self.signame}", "interrupted", -1)
 
 
 @dataclass
@@ -83,7 +104,18 @@ def loopback_ifname() -> str:
     return names[0] if names else "lo"
 
 
-def _kill(procs: list[subprocess.Popen]) -> None:
+def _kill(procs: list[subprocess.Popen], grace_s: float = 0.0) -> None:
+    """Kill every rank's process group; with ``grace_s``, SIGTERM first and SIGKILL after."""
+    if grace_s > 0:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + grace_s
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
     for p in procs:
         if p.poll() is None:
             try:
@@ -119,8 +151,25 @@ def _crash_message(run_dir: Path, world: int, failed: dict[int, int],
     return LaunchError(msg, "exit", r)
 
 
+def _startup_message(stalled: int, slot: Slot, age_s: float, joined_s: dict[int, float],
+                     timeout_s: float, describe: Callable[[int, Slot], str]) -> str:
+    """The ranks were still starting when timeout_s ran out: the timeout is too short."""
+    if joined_s:
+        r, took = max(joined_s.items(), key=lambda kv: kv[1])
+        need = (f"about {max(took, age_s):.1f} s to start on this machine (rank {r} joined "
+                f"the others {took:.1f} s after it was spawned)")
+    else:
+        need = f"more than {age_s:.1f} s to start on this machine (import torch, join the others)"
+    raise_to = max(30, math.ceil(10 * max([age_s, *joined_s.values()])))
+    return (f"rank {stalled} was still starting {age_s:.1f} s after the ranks were spawned "
+            f"({describe(stalled, slot)}): ranks need {need}, and timeout_s={timeout_s:g} is too "
+            f"short for that: raise it (e.g. timeout_s={raise_to})")
+
+
 def _hang_message(world: int, board: Board, now_ns: int, spawn_ns: int, timeout_s: float,
-                  describe: Callable[[int, Slot], str], rendezvous: str) -> LaunchError:
+                  describe: Callable[[int, Slot], str], rendezvous: str,
+                  joined_ns: dict[int, int] | None = None) -> LaunchError:
+    """Name the stalled rank; ``joined_ns``: when each rank was first seen past start-up."""
     slots = {r: board.read(r) for r in range(world)}
 
     def idle(r: int) -> float:
@@ -129,14 +178,45 @@ def _hang_message(world: int, board: Board, now_ns: int, spawn_ns: int, timeout_
     busy = [r for r in range(world) if not slots[r].waiting and slots[r].phase != "done"]
     stalled = max(busy or range(world), key=idle)
     others = "; ".join(f"rank {r}: {describe(r, slots[r])}" for r in range(world) if r != stalled)
+    age_s = (now_ns - spawn_ns) / 1e9
+    phase = slots[stalled].phase
+    if (phase == "starting" and age_s < STARTUP_S) or (phase == "init" and idle(stalled) < JOIN_S):
+        joined_s = {r: (t - spawn_ns) / 1e9 for r, t in (joined_ns or {}).items()}
+        msg = (_startup_message(stalled, slots[stalled], age_s, joined_s, timeout_s, describe)
+               + f"; all {world} ranks killed" + (f" [{others}]" if others else ""))
+        return LaunchError(msg, "hang", stalled)
     hint = ""
-    if slots[stalled].phase in ("starting", "init"):
+    if phase in ("starting", "init"):
         hint = (f"; it never joined the rendezvous at {rendezvous} (another program listening "
                 "there, or a rank that could not start: see its log)")
     msg = (f"rank {stalled} made no progress for {idle(stalled):.1f} s "
            f"({describe(stalled, slots[stalled])}){hint}; all {world} ranks killed after "
            f"timeout_s={timeout_s:g}" + (f" [{others}]" if others else ""))
     return LaunchError(msg, "hang", stalled)
+
+
+def _catch_stop_signals(caught: list[int]) -> dict[int, object]:
+    """Note SIGTERM, SIGHUP and SIGINT in ``caught`` (the watch loop raises Interrupted).
+
+    Only on the main thread (Python's rule), and not for a signal that is ignored (nohup,
+    a background job): that choice belongs to whoever started us. Returns the handlers
+    to restore.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for sig in STOP_SIGNALS:
+        old = signal.getsignal(sig)
+        if old is signal.SIG_IGN:
+            continue
+        previous[sig] = old
+        signal.signal(sig, lambda signum, frame: caught.append(signum))
+    return previous
+
+
+def _restore_signals(previous: dict[int, object]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def launch_local(run_dir: str | Path, world_size: int, *, timeout_s: float,
@@ -163,6 +243,7 @@ def launch_local(run_dir: str | Path, world_size: int, *, timeout_s: float,
     result = LaunchResult(run_dir, world_size)
     env = dict(os.environ)
     env.update(WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", PARATWIN_LAUNCHER="local",
+               PARATWIN_LAUNCHER_PID=str(os.getpid()),
                PARATWIN_LOOPBACK="1", GLOO_SOCKET_IFNAME=loopback_ifname(),
                OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in
@@ -188,8 +269,12 @@ def launch_local(run_dir: str | Path, world_size: int, *, timeout_s: float,
     where = env.get("PARATWIN_STORE_PATH") or f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
     procs: list[subprocess.Popen] = []
     logs = []
+    joined_ns: dict[int, int] = {}  # when each rank was first seen past start-up
     t0 = time.monotonic()
     spawn_ns = time.monotonic_ns()
+    caught: list[int] = []
+    previous = _catch_stop_signals(caught)
+    grace_s = 0.0
     try:
         for r in range(world_size):
             fh = open(rundir.log_path(run_dir, r), "w")  # closed in finally
@@ -201,6 +286,9 @@ def launch_local(run_dir: str | Path, world_size: int, *, timeout_s: float,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
         result.pids = [p.pid for p in procs]
         while True:
+            if caught:
+                grace_s = GRACE_S
+                raise Interrupted(caught[0])
             codes = {r: p.poll() for r, p in enumerate(procs)}
             failed = {r: c for r, c in codes.items() if c not in (None, 0)}
             if failed:
@@ -212,20 +300,28 @@ def launch_local(run_dir: str | Path, world_size: int, *, timeout_s: float,
             now = time.monotonic_ns()
             for r in range(world_size):
                 slot = board.read(r)
+                if r not in joined_ns and slot.phase not in ("starting", "init"):
+                    joined_ns[r] = slot.t_ns
                 if codes[r] is None and slot.phase != "done" and \
                         now - (slot.t_ns or spawn_ns) > timeout_s * 1e9:
                     _kill(procs)
                     raise _hang_message(world_size, board, now, spawn_ns, timeout_s, describe,
-                                        where)
+                                        where, joined_ns)
             time.sleep(POLL_S)
+        if caught:  # a signal after the last rank finished: still honoured
+            raise Interrupted(caught[0])
     finally:
-        _kill(procs)
+        _kill(procs, grace_s)
+        _restore_signals(previous)
         for fh in logs:
             fh.close()
         board.close()
         del store
         if rendezvous == "file":
             (run_dir / "store").unlink(missing_ok=True)
+        for pid in result.pids:  # a rank killed mid-write leaves its temporary file
+            for tmp in run_dir.glob(f".*.{pid}.tmp"):
+                tmp.unlink(missing_ok=True)
     result.wall_s = time.monotonic() - t0
     return result
 

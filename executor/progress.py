@@ -6,7 +6,8 @@ CLOCK_MONOTONIC time of its last update (system-wide on one host, so the local l
 compares it with its own clock). A rank writes its slot before every op (a 32-byte
 ``struct.pack_into``); the local launcher reads every slot. Under torchrun there is no
 launcher on the node to watch, so each rank runs a ``SelfWatchdog`` thread over its own
-slot instead and exits when it stalls (torchrun then stops the other ranks).
+slot instead and exits when it stalls (torchrun then stops the other ranks). A rank of
+the local launcher runs a ``ParentWatch`` thread: it exits once the launcher is gone.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class Board:
 
     def read(self, rank: int) -> Slot:
         t, step, op, waiting, phase, pid = SLOT.unpack_from(self._mm, rank * SLOT.size)
+        if not t:  # never written: the rank has not started (no step 0, op 0 yet)
+            step, op = -1, -1
         return Slot(t, step, op, bool(waiting), PHASES[min(max(phase, 0), len(PHASES) - 1)], pid)
 
     def close(self) -> None:
@@ -112,3 +115,23 @@ class SelfWatchdog(threading.Thread):
 
     def stop(self) -> None:
         self._stop.set()
+
+
+class ParentWatch(threading.Thread):
+    """Exits the process once its parent is no longer ``parent_pid`` (the launcher died).
+
+    The portable half of "ranks die with their launcher" (Linux also has the parent-death
+    signal): a thread, so it acts even while the main thread is blocked in a collective.
+    """
+
+    def __init__(self, parent_pid: int, period_s: float = 0.5):
+        super().__init__(daemon=True, name="paratwin-parent-watch")
+        self.parent_pid, self.period_s = parent_pid, period_s
+
+    def run(self) -> None:
+        while True:
+            if os.getppid() != self.parent_pid:
+                print(f"paratwin: the launcher (pid {self.parent_pid}) is gone; this rank exits",
+                      file=sys.stderr, flush=True)
+                os._exit(1)
+            time.sleep(self.period_s)

@@ -4,14 +4,25 @@ It reads who it is from the environment (env.py), the task from RUN_DIR/run.json
 joins the others over a gloo control group (barriers, gathering spans), runs the task
 (replay a schedule, or a benchmark), and on any error writes RUN_DIR/errors/rankN.json
 before exiting with code 1. Hydra never runs here: the launcher composed the config.
+
+A rank of the local launcher dies with it, even when the launcher is SIGKILLed: on Linux
+the kernel sends it SIGKILL when its parent goes (``prctl(PR_SET_PDEATHSIG)``), and on
+every platform a thread exits the rank once its parent process is no longer the launcher
+(``ParentWatch``). SIGTERM, SIGHUP and SIGINT keep their usual action (SIGTERM and SIGHUP
+end the rank at once), except while ``files_kept_whole`` holds them for the few milliseconds rank 0 rewrites a
+step's files, so that spans.json and summary.json always describe the same steps.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import datetime
 import importlib
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -164,6 +175,56 @@ def run(run_dir: Path) -> None:
     dist.destroy_process_group()
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+HELD_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def die_with_launcher() -> None:
+    """Exit when the local launcher that spawned this rank goes, however it goes.
+
+    Only for ``PARATWIN_LAUNCHER=local``: under torchrun or srun the parent is their
+    agent, which owns the workers' lifetime (and on Linux the parent-death signal fires
+    when the spawning *thread* ends, which only our own launcher guarantees to outlive us).
+    """
+    if os.environ.get("PARATWIN_LAUNCHER") != "local":
+        return
+    from executor.progress import ParentWatch
+
+    launcher = int(os.environ.get("PARATWIN_LAUNCHER_PID") or os.getppid())
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watch thread below still applies
+    ParentWatch(launcher).start()  # also exits now if the launcher died before prctl
+
+
+@contextlib.contextmanager
+def files_kept_whole():
+    """Hold SIGTERM, SIGHUP and SIGINT while a step's files are rewritten; act on them after.
+
+    Outside this block SIGTERM and SIGHUP end the rank at once (their default action), even
+    inside a collective, which a Python handler could not interrupt. The launcher gives ranks a
+    grace before SIGKILL, so the writes finish. On another thread this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in HELD_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        if caught:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + caught[0])
+
+
 def describe_slot(programs: dict[int, Program], rank: int, slot: Slot) -> str:
     """'measure, step 2, op 17 'fwd/mb0/L0/qkv' (gemm)' for messages about a rank's position."""
     where = f"{slot.phase}"
@@ -184,8 +245,16 @@ def main(argv: list[str] | None = None) -> None:
         print("usage: python -m executor.rank RUN_DIR", file=sys.stderr)
         sys.exit(2)
     run_dir = Path(argv[0]).resolve()
+    try:  # a directory that was never prepared, or a damaged run.json: one line, no traceback
+        from twin.rundir import read_settings
+
+        read_settings(run_dir)
+    except (OSError, ValueError) as err:
+        print(f"python -m executor.rank: {err}", file=sys.stderr)
+        sys.exit(2)
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "-1")))
     try:
+        die_with_launcher()
         run(run_dir)
     except BaseException as err:  # noqa: BLE001 - every failure is reported, then the rank exits
         _record_error(run_dir, rank, err, _REPORTER)

@@ -9,7 +9,8 @@ spread of the barrier exits (``barrier_exit_spread_us`` in the meta: 0.1-2 ms on
 clocks differ, so each rank's step origin is taken to be rank 0's: the error is that
 spread (a network latency plus scheduling). After each measured step rank 0 gathers every
 rank's op times and rewrites spans.json (the trace) and summary.json atomically, so a
-failure later keeps the completed steps; trace.json (the Chrome export) is written at the end.
+failure later keeps the completed steps (a SIGTERM waits for both files: ``files_kept_whole``);
+trace.json (the Chrome export) is written at the end.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from executor.groups import build_comms
-from executor.rank import RankContext
+from executor.rank import RankContext, files_kept_whole
 from executor.replay import Fault, Replayer
 from twin.chrome import chrome_trace
 from twin.metrics import summarize
@@ -115,28 +116,29 @@ def replay_task(ctx: RankContext) -> None:
             key = str(p["rank"])
             measured_peak[key] = max(measured_peak.get(key, 0.0), float(p["peak"]))
             spread = max(spread, abs(p["origin_ns"] - origin0) / 1e3)
-        trace.meta.update(steps=step - warmup + 1)
-        if one_host:
-            trace.meta["barrier_exit_spread_us"] = spread
-        trace.save(ctx.run_dir / TRACE)
-        if step == warmup + steps - 1:  # the Chrome export once, at the end
-            write_json(ctx.run_dir / CHROME, chrome_trace(trace), indent=None)
-        summary = summarize(trace, job)
-        summary.extra.update({
-            "source": "executor", "backend": ctx.backend, "device": trace.meta["device"],
-            "steps_planned": steps, "warmup": warmup, "verify": bool(s.get("verify")),
-            "measured_peak_memory_bytes": measured_peak,
-            "measured_peak_memory_max_bytes": max(measured_peak.values()),
-            "measured_memory_source": ("torch.cuda.max_memory_allocated"
-                                       if ctx.device.type == "cuda" else
-                                       "executor count of live alloc/free buffers"),
-            "workspace_bytes": {str(p["rank"]): p["workspace"] for p in gathered},
-            "startup_s": {str(p["rank"]): p["startup_s"] for p in gathered
-                          if p["startup_s"] is not None},
-            "clock": trace.meta["clock"],
-            "barrier_exit_spread_us": trace.meta.get("barrier_exit_spread_us"),
-            "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        })
-        write_json(ctx.run_dir / SUMMARY, summary.to_dict())
+        with files_kept_whole():  # spans.json and summary.json of the same steps
+            trace.meta.update(steps=step - warmup + 1)
+            if one_host:
+                trace.meta["barrier_exit_spread_us"] = spread
+            trace.save(ctx.run_dir / TRACE)
+            if step == warmup + steps - 1:  # the Chrome export once, at the end
+                write_json(ctx.run_dir / CHROME, chrome_trace(trace), indent=None)
+            summary = summarize(trace, job)
+            summary.extra.update({
+                "source": "executor", "backend": ctx.backend, "device": trace.meta["device"],
+                "steps_planned": steps, "warmup": warmup, "verify": bool(s.get("verify")),
+                "measured_peak_memory_bytes": measured_peak,
+                "measured_peak_memory_max_bytes": max(measured_peak.values()),
+                "measured_memory_source": ("torch.cuda.max_memory_allocated"
+                                           if ctx.device.type == "cuda" else
+                                           "executor count of live alloc/free buffers"),
+                "workspace_bytes": {str(p["rank"]): p["workspace"] for p in gathered},
+                "startup_s": {str(p["rank"]): p["startup_s"] for p in gathered
+                              if p["startup_s"] is not None},
+                "clock": trace.meta["clock"],
+                "barrier_exit_spread_us": trace.meta.get("barrier_exit_spread_us"),
+                "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            })
+            write_json(ctx.run_dir / SUMMARY, summary.to_dict())
     ctx.reporter.set_phase("done")
     dist.barrier()

@@ -81,6 +81,8 @@ def _type_problem(key: str, value: Any, default: Any) -> str | None:
         float if isinstance(default, float) else None
     if want is None:
         return None
+    if want is int and key.endswith("_s"):
+        want = float  # seconds: timeout_s=1.5 is fine
     ok = isinstance(value, bool) if want is bool else \
         isinstance(value, int) and not isinstance(value, bool) if want is int else \
         isinstance(value, (int, float)) and not isinstance(value, bool)

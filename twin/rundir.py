@@ -138,11 +138,20 @@ def read_summary(run_dir: str | Path) -> dict | None:
 
 
 def read_settings(run_dir: str | Path) -> dict:
+    """The ranks' settings (run.json); a missing or damaged file says how to make it again."""
     path = Path(run_dir) / SETTINGS
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; prepare the run directory with "
                                 "`paratwin execute ... launcher=torchrun` first")
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise RunDirError(f"{path} is not valid JSON ({err}); prepare the run directory again "
+                          "with `paratwin execute ... launcher=torchrun out_dir=...`") from None
+    if not isinstance(data, dict) or "task" not in data:
+        raise RunDirError(f"{path} is not paratwin's run settings (no task); prepare the run "
+                          "directory again with `paratwin execute ... launcher=torchrun`")
+    return data
 
 
 def log_path(run_dir: str | Path, rank: int) -> Path:

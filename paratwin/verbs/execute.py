@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -134,7 +135,7 @@ def prepare_run(cfg, settings: dict):
     for p in programs.values():
         memory_peak(p)  # every free matches an alloc
     check_job(job, programs, settings, local=cfg.get("launcher", "local") == "local")
-    run_dir = rundir.prepare(Path(str(cfg.out_dir)))
+    run_dir = rundir.prepare(Path(str(cfg.out_dir)), "execute", bool(cfg.get("force", False)))
     (run_dir / rundir.CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
     schedule.save(run_dir / rundir.SCHEDULE)
     rundir.write_json(run_dir / rundir.SETTINGS, {**settings, "world_size": world,
@@ -166,9 +167,40 @@ def format_summary(job, summary: dict, run_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def _steps_kept(run_dir: Path) -> int:
+    """Measured steps in the run directory's summary.json (0 when there is none or it is unreadable)."""
+    try:
+        summary = rundir.read_summary(run_dir)
+    except (OSError, ValueError):
+        return 0
+    steps = (summary or {}).get("steps", 0)
+    return steps if isinstance(steps, int) else 0
+
+
+def _say(message: str) -> None:
+    """One line on stderr; a terminal that hung up (SIGHUP) may no longer take it."""
+    try:
+        print(f"paratwin execute: {message}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 def run(cfg) -> dict:
-    """Run the composed job for real; exit 1 with one line when a rank fails or hangs."""
-    from executor.launch import LaunchError, launch_local, torchrun_commands
+    """Run the composed job for real; exit 1 with one line when a rank fails or hangs.
+
+    SIGTERM, SIGHUP or SIGINT while the ranks run stop them all and exit with 128+signum
+    and one line saying how many steps were kept; Ctrl-C outside that window exits 130
+    without a traceback too.
+    """
+    try:
+        return _run(cfg)
+    except KeyboardInterrupt:  # before the ranks start or after they finished
+        _say("interrupted by SIGINT")
+        sys.exit(128 + signal.SIGINT)
+
+
+def _run(cfg) -> dict:
+    from executor.launch import Interrupted, LaunchError, launch_local, torchrun_commands
     from executor.rank import describe_slot
 
     settings = settings_from_cfg(cfg)
@@ -185,19 +217,19 @@ def run(cfg) -> dict:
                   + "\n".join(f"  {k}: {v}" for k, v in cmds.items()))
         return out
 
-    def log(message: str) -> None:
-        print(f"paratwin execute: {message}", file=sys.stderr)
-
     try:
         launch_local(run_dir, world, timeout_s=settings["timeout_s"], port=cfg.get("port"),
                      rendezvous=cfg.get("rendezvous", "tcp"), threads=settings["threads"],
-                     describe=lambda r, slot: describe_slot(programs, r, slot), log=log)
+                     describe=lambda r, slot: describe_slot(programs, r, slot), log=_say)
+    except Interrupted as err:
+        _say(f"{err}; {_steps_kept(run_dir)} steps kept in {run_dir}")
+        sys.exit(128 + err.signum)
     except LaunchError as err:
         kept = ""
         if (run_dir / rundir.SUMMARY).is_file():
-            done = json.loads((run_dir / rundir.SUMMARY).read_text()).get("steps", 0)
-            kept = f"; the trace of {done} completed steps is kept in {run_dir / rundir.TRACE}"
-        print(f"paratwin execute: {err}{kept}", file=sys.stderr)
+            kept = (f"; the trace of {_steps_kept(run_dir)} completed steps is kept in "
+                    f"{run_dir / rundir.TRACE}")
+        _say(f"{err}{kept}")
         sys.exit(1)
     summary = json.loads((run_dir / rundir.SUMMARY).read_text())
     if cfg.get("report", True):

@@ -56,6 +56,8 @@ def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough) -> 
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
             execute.run(ecfg)
     except SystemExit as err:
+        if isinstance(err.code, int) and err.code >= 128:  # interrupted: end validate the same way
+            raise
         raise ConfigError(f"validate {name}: paratwin execute failed (exit {err.code}): "
                           f"{(said.getvalue().strip().splitlines() or ['no output'])[-1]}") from None
     except ConfigError as err:

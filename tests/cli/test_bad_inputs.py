@@ -197,3 +197,17 @@ def test_sweep_runs_every_point_and_reports_the_bad_ones(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "1 point(s) of the sweep failed" in out.stderr and "tp=3" in out.stderr
     assert out.stdout.count('"world_size"') == 2  # tp=1 and tp=2 ran
+
+
+def test_rank_entry_on_a_damaged_run_json(tmp_path):
+    (tmp_path / "run.json").write_text('{"task": "rep')
+    out = subprocess.run([sys.executable, "-m", "executor.rank", str(tmp_path)], capture_output=True,
+                         text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    one_line(out, "run.json is not valid JSON")
+
+
+def test_seconds_may_be_fractional(tmp_path):
+    out = paratwin("execute", *T, "parallel=ddp", "launcher=torchrun", "timeout_s=1.5",
+                   f"out_dir={tmp_path / 'x'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "x" / "run.json").read_text())["timeout_s"] == 1.5
