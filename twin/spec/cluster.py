@@ -23,6 +23,9 @@ class GPUSpec:
     """Device memory in GB (1e9 bytes)."""
     hbm_bw_GBps: float = 2000.0
     """Device memory bandwidth in GB/s."""
+    sm_count: int | None = None
+    """Streaming multiprocessors (A100 108, H100 SXM 132): a GEMM's output tiles run in
+    waves of this many; None: no wave quantization (a CPU, or unknown)."""
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``."""
@@ -96,6 +99,8 @@ class ClusterSpec:
             check_positive(problems, f"cluster.gpu.peak_tflops.{dtype}", tflops)
         check_positive(problems, "cluster.gpu.hbm_GB", self.gpu.hbm_GB)
         check_positive(problems, "cluster.gpu.hbm_bw_GBps", self.gpu.hbm_bw_GBps)
+        if self.gpu.sm_count is not None:
+            check_positive(problems, "cluster.gpu.sm_count", self.gpu.sm_count)
         check_choice(problems, "cluster.intra.kind", self.intra.kind, INTRA_KINDS)
         check_positive(problems, "cluster.intra.bw_GBps", self.intra.bw_GBps)
         if self.intra.latency_us < 0:
