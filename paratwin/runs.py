@@ -31,14 +31,14 @@ class RunJob:
 
 
 def column_map(name: str | None) -> ColumnMap | None:
-    """A column map by name (conf/runs/NAME.yaml) or path; None: the file's own columns."""
+    """A column map by name (conf/column_maps/NAME.yaml) or path; None: the file's own columns."""
     if not name:
         return None
     path = Path(str(name))
     if not path.suffix:
-        path = CONF_DIR / "runs" / f"{name}.yaml"
+        path = CONF_DIR / "column_maps" / f"{name}.yaml"
     if not path.is_file():
-        have = sorted(p.stem for p in (CONF_DIR / "runs").glob("*.yaml"))
+        have = sorted(p.stem for p in (CONF_DIR / "column_maps").glob("*.yaml"))
         raise ConfigError(f"runs_columns={name}: no column map at {path}; available: "
                           f"{', '.join(have) or 'none'}")
     return ColumnMap.load(path)

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 @pytest.mark.timeout(300)
 def test_validate_one_config_end_to_end(tmp_path):
     out = paratwin("validate", "model=tiny", "suite=[ddp]", "info_suite=[]", "steps=2", "warmup=1",
-                   "calibration=null", "report=false", f"hydra.run.dir={tmp_path / 'v'}",
+                   "calibration=null", "report=false", f"out_dir={tmp_path / 'v'}",
                    "format=json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)
@@ -28,7 +28,7 @@ def test_validate_one_config_end_to_end(tmp_path):
     # resumable: a second run keeps the finished result
     again = paratwin("validate", "model=tiny", "suite=[ddp]", "info_suite=[]", "steps=2",
                      "warmup=1", "calibration=null", "report=false",
-                     f"hydra.run.dir={tmp_path / 'v'}", "format=json", cwd=tmp_path)
+                     f"out_dir={tmp_path / 'v'}", "format=json", cwd=tmp_path)
     assert json.loads(again.stdout)["runs"][0]["wall_s"] == row["wall_s"]
 
 

@@ -1,14 +1,15 @@
 """Fit the cost model to measurements: kernel efficiency curves, collective latency and
-bandwidth, interference, and run-to-run noise (pure numpy; torch-free).
+bandwidth, interference, and run-to-run noise (numpy and scipy; torch-free).
 
 Kernels (roofline, Williams et al. 2009): t = max(F / (P * E), B / (W * M)) + L, fitted per
-kind (and dtype) by minimising a robust (soft-L1) loss of log(t_model / t_measured) with
-Nelder-Mead over log-parameters. The achieved efficiency F / (P * t) then rises with size
-through L; the cost model's extra knee F_half is left at 0 because (F + F_half) / (P * E)
-is linear in F and cannot be told apart from L. Collectives: t = alpha + beta * S per kind, group size
-and link class (Hockney's model), fitted by iteratively reweighted least squares on
-relative residuals (Huber weights). Noise: the coefficient of variation implied by the
-p10-p90 spread of repeats, (p90 - p10) / (2 * 1.2816 * median), for a normal spread.
+kind (and dtype) by minimising a robust (soft-L1) loss of log(t_model / t_measured) over
+log-parameters (scipy.optimize.least_squares, bounded). The achieved efficiency F / (P * t)
+then rises with size through L; the cost model's extra knee F_half is left at 0 because
+(F + F_half) / (P * E) is linear in F and cannot be told apart from L. Collectives:
+t = alpha + beta * S per kind, group size and link class (Hockney's model), fitted on
+relative residuals with a Huber loss (scipy.optimize.least_squares). Noise: the coefficient
+of variation implied by the p10-p90 spread of repeats, (p90 - p10) / (2 * 1.2816 * median),
+for a normal spread.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from twin.cost import KernelCost
 
@@ -44,38 +46,6 @@ class FitResult:
     @property
     def max_abs_residual(self) -> float:
         return float(np.max(np.abs(self.residuals))) if self.residuals else 0.0
-
-
-def nelder_mead(f, x0: np.ndarray, step: float = 0.5, iters: int = 2000, tol: float = 1e-10):
-    """Minimise f from x0 (Nelder & Mead 1965, standard coefficients)."""
-    n = len(x0)
-    pts = [np.array(x0, float)] + [np.array(x0, float) + step * np.eye(n)[i] for i in range(n)]
-    vals = [f(p) for p in pts]
-    for _ in range(iters):
-        order = np.argsort(vals)
-        pts = [pts[i] for i in order]
-        vals = [vals[i] for i in order]
-        if abs(vals[-1] - vals[0]) < tol:
-            break
-        centroid = np.mean(pts[:-1], axis=0)
-        xr = centroid + (centroid - pts[-1])
-        fr = f(xr)
-        if fr < vals[0]:
-            xe = centroid + 2 * (centroid - pts[-1])
-            fe = f(xe)
-            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < vals[-2]:
-            pts[-1], vals[-1] = xr, fr
-        else:
-            xc = centroid + 0.5 * (pts[-1] - centroid)
-            fc = f(xc)
-            if fc < vals[-1]:
-                pts[-1], vals[-1] = xc, fc
-            else:
-                pts = [pts[0]] + [pts[0] + 0.5 * (p - pts[0]) for p in pts[1:]]
-                vals = [vals[0]] + [f(p) for p in pts[1:]]
-    i = int(np.argmin(vals))
-    return pts[i], vals[i]
 
 
 def kernel_time(p: dict, flops: np.ndarray, nbytes: np.ndarray, peak: float, bw: float) -> np.ndarray:
@@ -118,20 +88,19 @@ def fit_kernel(points: list[KernelPoint], peak_flops: float, hbm_Bps: float,
         return p
 
     bounds = {"efficiency": 4.0, "mem_efficiency": 10.0, "launch_us": 1e6}
+    upper = np.log([bounds[n] for n in free])
 
-    def loss(x):
-        p = unpack(x)
-        r = np.log(kernel_time(p, F, B, peak_flops, hbm_Bps) / T)
-        over = sum(max(0.0, math.log(p[n] / bounds[n])) for n in free)
-        return float(np.sum(2 * (np.sqrt(1 + (r / 0.05) ** 2) - 1))) + 1e3 * over  # soft-L1
+    def residuals(x):
+        return np.log(kernel_time(unpack(x), F, B, peak_flops, hbm_Bps) / T)
 
     best = None
     for scale in (1.0, 0.3, 3.0):
         x0 = np.log([base[n] * (scale if n in ("efficiency", "mem_efficiency") else 1.0)
                      for n in free])
-        x, v = nelder_mead(loss, x0)
-        if best is None or v < best[1]:
-            best = (x, v)
+        x0 = np.minimum(x0, upper - 1e-9)
+        sol = least_squares(residuals, x0, bounds=(-np.inf, upper), loss="soft_l1", f_scale=0.05)
+        if best is None or sol.cost < best[1]:
+            best = (sol.x, sol.cost)
     p = unpack(best[0])
     for n in free:
         p[n] = min(p[n], bounds[n])
@@ -139,25 +108,26 @@ def fit_kernel(points: list[KernelPoint], peak_flops: float, hbm_Bps: float,
     return FitResult(params=p, residuals=[float(r) for r in res])
 
 
-def fit_latency_bandwidth(sizes: list[float], times: list[float], iters: int = 50) -> FitResult:
-    """t = alpha + beta * S by IRLS on relative residuals with Huber weights (k = 1.345)."""
+def fit_latency_bandwidth(sizes: list[float], times: list[float]) -> FitResult:
+    """t = alpha + beta * S on relative residuals with a Huber loss (alpha >= 0, beta > 0)."""
     S = np.asarray(sizes, float)
     T = np.asarray(times, float)
     if len(S) < 2:
         raise ValueError("a latency/bandwidth fit needs at least two message sizes")
-    w = 1.0 / T ** 2
-    coef = np.zeros(2)
     A = np.stack([np.ones_like(S), S], axis=1)
-    for _ in range(iters):
-        W = np.sqrt(w)
-        coef, *_ = np.linalg.lstsq(A * W[:, None], T * W, rcond=None)
-        coef = np.maximum(coef, [0.0, 1e-18])
-        rel = (A @ coef - T) / T
-        scale = 1.4826 * np.median(np.abs(rel)) or 1e-12
-        u = np.abs(rel) / (1.345 * scale)
-        w = np.where(u <= 1, 1.0, 1.0 / u) / T ** 2
-    res = (A @ coef) / T - 1
-    return FitResult(params={"alpha_s": float(coef[0]), "beta_s_per_byte": float(coef[1])},
+    # a start from ordinary least squares on relative residuals; scaled unknowns (seconds
+    # and seconds per byte differ by ten orders of magnitude)
+    coef, *_ = np.linalg.lstsq(A / T[:, None], np.ones_like(T), rcond=None)
+    scale = np.array([max(abs(coef[0]), T.min() * 1e-3), max(abs(coef[1]), 1e-15)])
+    x0 = np.clip(np.maximum(coef, 0.0) / scale, 0.0, None) + [0.0, 1e-6]
+
+    def residuals(x):
+        return (A @ (x * scale)) / T - 1
+
+    sol = least_squares(residuals, x0, bounds=([0.0, 1e-12], np.inf), loss="huber", f_scale=0.02)
+    alpha, beta = sol.x * scale
+    res = (A @ [alpha, beta]) / T - 1
+    return FitResult(params={"alpha_s": float(alpha), "beta_s_per_byte": float(beta)},
                      residuals=[float(r) for r in res])
 
 
