@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from twin.cost import CostModel, default_cost_model
-from twin.spec import ClusterSpec, ConfigError, Job, ModelSpec, ParallelPlan, build_job
+from twin.spec import (
+    ClusterSpec,
+    ConfigError,
+    ConfigWarning,
+    Job,
+    ModelSpec,
+    ParallelPlan,
+    build_job,
+)
 from twin.spec.io import cluster_from_dict
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -76,20 +85,35 @@ def job_from_cfg(cfg: DictConfig) -> Job:
 
 
 def load_profile(name, cluster) -> CostModel:
-    """A calibration profile by name (conf/profiles/NAME.yaml) or path; None: defaults."""
+    """A calibration profile by name (conf/profiles/NAME.yaml) or path; None: defaults.
+
+    ConfigError for a directory, a missing file or one that is not a valid profile; a
+    warning when the profile was fitted on another cluster than ``cluster``."""
     if name is None:
         return default_cost_model(cluster)
-    path = Path(str(name))
-    if not path.suffix:
-        path = CONF_DIR / "profiles" / f"{name}.yaml"
-    if not path.exists():
-        have = sorted(p.stem for p in (CONF_DIR / "profiles").glob("*.yaml"))
-        raise ConfigError(f"calibration={name}: no profile at {path}; available: "
+    text = str(name)
+    profiles = CONF_DIR / "profiles"
+    bare = not Path(text).suffix and "/" not in text and "\\" not in text
+    path = profiles / f"{text}.yaml" if bare and (profiles / f"{text}.yaml").is_file() \
+        else Path(text)
+    if path.is_dir():
+        inside = path / "profile.yaml"
+        hint = f"calibration={inside}" if inside.is_file() else \
+            "a profile file: a name in conf/profiles/ or a path to a .yaml"
+        raise ConfigError(f"calibration={text} is a directory, not a profile; give {hint}")
+    if not path.is_file():
+        have = sorted(p.stem for p in profiles.glob("*.yaml"))
+        where = profiles / f"{text}.yaml" if bare else path
+        raise ConfigError(f"calibration={text}: no profile at {where}; available: "
                           f"{', '.join(have) or 'none yet (run paratwin calibrate)'}")
     try:
-        return CostModel.load(path)
+        cost = CostModel.load(path)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    mismatch = cost.cluster_mismatch(cluster)
+    if mismatch:
+        warnings.warn(f"calibration={text}: {mismatch}", ConfigWarning, stacklevel=2)
+    return cost
 
 
 def preset_cluster(name: str) -> ClusterSpec:

@@ -62,6 +62,7 @@ def guarded(verb: str, run: Callable) -> Callable:
     sweep a failed point is reported and the sweep goes on (exit 2 at its end)."""
     from omegaconf.errors import OmegaConfBaseException
 
+    from twin.rundir import RunDirError
     from twin.spec import ConfigError
 
     def task(cfg):
@@ -83,6 +84,10 @@ def guarded(verb: str, run: Callable) -> Callable:
             if debug:
                 raise
             message = _os_error(err)
+        except RunDirError as err:  # a file or directory paratwin will not write over
+            if debug:
+                raise
+            message = str(err)
         except (ValueError, RuntimeError, KeyError, TypeError) as err:
             if debug:
                 raise

@@ -14,6 +14,7 @@ published figures; ``paratwin calibrate`` fits one from measurements.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 
 from twin.files import write_text_atomic
 from twin.schedule.ir import Op
-from twin.spec import ClusterSpec, GPUSpec
+from twin.spec import ClusterSpec, ConfigError, GPUSpec
 from twin.vocab import COMPUTE_KINDS
 
 PROFILE_FORMAT = "paratwin-profile"
@@ -137,12 +138,18 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "profile") -> CostModel:
+        """A profile from its YAML data; ConfigError naming the file, every bad key path
+        (unknown keys with the closest known one, numbers out of range) and the fix."""
         if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
-            raise ValueError(f"{where} is not a paratwin calibration profile (no 'format: "
-                             f"{PROFILE_FORMAT}'); write one with `paratwin calibrate`")
+            raise ConfigError(f"{where} is not a paratwin calibration profile (no 'format: "
+                              f"{PROFILE_FORMAT}'); write one with `paratwin calibrate`")
         if data.get("version") != PROFILE_VERSION:
-            raise ValueError(f"{where}: profile version {data.get('version')} is not supported "
-                             f"(this paratwin reads version {PROFILE_VERSION})")
+            raise ConfigError(f"{where}: profile version {data.get('version')} is not supported "
+                              f"(this paratwin reads version {PROFILE_VERSION})")
+        problems = profile_problems(data)
+        if problems:
+            raise ConfigError(f"{where}: {'; '.join(problems)}; correct the file or fit a new "
+                              "profile with `paratwin calibrate`")
         kw = {}
         for f in dataclasses.fields(cls):
             if f.name not in data:
@@ -155,20 +162,151 @@ class CostModel:
             elif f.name == "kernels_by_dtype":
                 v = {dt: {k: KernelCost(**kc) for k, kc in kinds.items()} for dt, kinds in v.items()}
             kw[f.name] = v
-        unknown = set(data) - {f.name for f in dataclasses.fields(cls)} - {"format", "version"}
-        if unknown:
-            raise ValueError(f"{where}: unknown profile fields {sorted(unknown)}")
         return cls(**kw)
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"{path} is a directory, not a profile; give a profile file "
+                              "(conf/profiles/NAME.yaml, or RUN_DIR/profile.yaml of a "
+                              "`paratwin calibrate` run)")
         try:
             data = yaml.safe_load(path.read_text())
         except (yaml.YAMLError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path} is not a paratwin calibration profile (not YAML: "
-                             f"{str(err).splitlines()[0]})") from None
+            raise ConfigError(f"{path} is not a paratwin calibration profile (not YAML: "
+                              f"{str(err).splitlines()[0]})") from None
         return cls.from_dict(data, str(path))
+
+    def cluster_mismatch(self, cluster: ClusterSpec) -> str | None:
+        """Why this profile describes other hardware than ``cluster`` (its provenance names
+        the cluster it was fitted on, and whether that had GPUs), else None."""
+        prov = self.provenance if isinstance(self.provenance, dict) else {}
+        fitted = prov.get("cluster")
+        if fitted is None:
+            return None  # published defaults, or a hand-written profile: nothing recorded
+        cpu_profile = prov.get("backend") == "gloo" or prov.get("gpus") == []
+        cpu_cluster = cluster.intra.kind == "shared_cpu"
+        if str(fitted) == cluster.name and cpu_profile == cpu_cluster:
+            return None
+        kind = "a CPU" if cpu_profile else "a GPU"
+        return (f"profile {self.name} was fitted on cluster {fitted} ({kind} profile) but this "
+                f"job runs on {cluster.name}: its efficiencies and collective fits describe the "
+                f"other hardware; calibrate this one (`paratwin calibrate cluster={cluster.name}`)"
+                " or leave calibration unset for the published defaults")
+
+
+# -- checking a profile's data: every key known, every number in range ----------------------
+_POSITIVE, _NON_NEGATIVE = "a finite number > 0", "a finite number >= 0"
+KERNEL_RANGES = {"efficiency": (_POSITIVE, "fraction of peak FLOP/s reached"),
+                 "half_flops": (_NON_NEGATIVE, "FLOPs at half efficiency; 0: flat"),
+                 "mem_efficiency": (_POSITIVE, "fraction of HBM bandwidth reached"),
+                 "launch_us": (_NON_NEGATIVE, "fixed cost per op, us")}
+LINK_RANGES = {"bw_efficiency": (_POSITIVE, "fraction of the line rate reached"),
+               "latency_us": (_NON_NEGATIVE, "per-hop latency, us; null: the cluster's")}
+SCALAR_RANGES = {"base_latency_us": (_NON_NEGATIVE, "fixed cost of a collective, us"),
+                 "p2p_latency_us": (_NON_NEGATIVE, "fixed cost of a send/recv, us"),
+                 "overlap_slowdown": (_NON_NEGATIVE, "0.2: compute 20% slower beside comm"),
+                 "cores_effective": (_POSITIVE, "cores the ranks share"),
+                 "compute_cv": (_NON_NEGATIVE, "spread of compute times"),
+                 "comm_cv": (_NON_NEGATIVE, "spread of collective times")}
+FIT_RANGES = {"latency_us": (_NON_NEGATIVE, "us"), "bw_GBps": (_POSITIVE, "GB/s")}
+FIT_EXTRA = ("residual_median", "residual_max", "points")
+NULLABLE = {"latency_us", "p2p_latency_us", "cores_effective"}
+
+
+def _unknown(problems: list[str], path: str, keys: list, known) -> None:
+    """One problem for the unknown keys of one section, each with its closest known key."""
+    if not keys:
+        return
+    parts, lost = [], False
+    for key in keys:
+        near = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+        parts.append(f"{path}{key}" + (f" (did you mean {path}{near[0]}?)" if near else ""))
+        lost = lost or not near
+    where = f" of {path[:-1]}" if path else ""
+    problems.append(f"unknown profile fields {', '.join(parts)}"
+                    + (f" (the fields{where}: {', '.join(known)})" if lost else ""))
+
+
+def _number(problems: list[str], path: str, value: object, rule: tuple[str, str],
+            nullable: bool) -> None:
+    want, meaning = rule
+    if value is None and nullable:
+        return
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) \
+        and math.isfinite(value) and (value > 0 if want == _POSITIVE else value >= 0)
+    if not ok:
+        problems.append(f"{path}={value!r} must be {want} ({meaning})")
+
+
+def _section(problems: list[str], path: str, data: object, ranges: dict,
+             extra: tuple = ()) -> None:
+    """A mapping whose keys are ``ranges`` (+ ``extra``, unchecked) with numbers in range."""
+    if not isinstance(data, dict):
+        problems.append(f"{path}={data!r} must be a mapping of {', '.join(ranges)}")
+        return
+    for key, value in data.items():
+        if key in ranges:
+            _number(problems, f"{path}.{key}", value, ranges[key], key in NULLABLE)
+    _unknown(problems, f"{path}.", [k for k in data if k not in ranges and k not in extra],
+             [*ranges, *extra])
+
+
+def profile_problems(data: dict) -> list[str]:
+    """Every problem of a profile's data, each naming its key path (empty: fine)."""
+    fields = [f.name for f in dataclasses.fields(CostModel)]
+    problems: list[str] = []
+    _unknown(problems, "", [k for k in data if k not in fields and k not in ("format", "version")],
+             fields)
+    for key, value in data.items():
+        if key in ("format", "version", "provenance") or key not in fields:
+            continue
+        if key in COMPUTE_KINDS:
+            _section(problems, key, value, KERNEL_RANGES)
+        elif key in ("intra", "inter"):
+            _section(problems, key, value, LINK_RANGES)
+        elif key in SCALAR_RANGES:
+            _number(problems, key, value, SCALAR_RANGES[key], key in NULLABLE)
+        elif key == "core_share" and not isinstance(value, bool):
+            problems.append(f"core_share={value!r} must be true or false")
+        elif key == "name" and not isinstance(value, str):
+            problems.append(f"name={value!r} must be a string")
+        elif key == "kernels_by_dtype":
+            if not isinstance(value, dict):
+                problems.append(f"kernels_by_dtype={value!r} must map dtype -> kind -> kernel")
+                continue
+            for dtype, kinds in value.items():
+                if not isinstance(kinds, dict):
+                    problems.append(f"kernels_by_dtype.{dtype}={kinds!r} must map kind -> kernel")
+                    continue
+                where = f"kernels_by_dtype.{dtype}."
+                for kind, kernel in kinds.items():
+                    if kind in COMPUTE_KINDS:
+                        _section(problems, f"{where}{kind}", kernel, KERNEL_RANGES)
+                _unknown(problems, where, [k for k in kinds if k not in COMPUTE_KINDS],
+                         COMPUTE_KINDS)
+        elif key == "collective_fits":
+            _fits(problems, value)
+    if "provenance" in data and not isinstance(data["provenance"], dict):
+        problems.append(f"provenance={data['provenance']!r} must be a mapping")
+    return problems
+
+
+def _fits(problems: list[str], fits: object) -> None:
+    if not isinstance(fits, dict):
+        problems.append(f"collective_fits={fits!r} must map 'kind/link/n' -> latency_us, bw_GBps")
+        return
+    for key, fit in fits.items():
+        kind, _, rest = str(key).partition("/")
+        link, _, n = rest.partition("/")
+        if not kind or link not in ("intra", "inter") or not n.isdigit() or int(n) < 1:
+            problems.append(f"collective_fits.{key} must be named kind/link/n with link intra "
+                            "or inter and n the group size (e.g. all_reduce/intra/8)")
+            continue
+        _section(problems, f"collective_fits.{key}", fit, FIT_RANGES, FIT_EXTRA)
+        if isinstance(fit, dict) and not set(FIT_RANGES) <= set(fit):
+            problems.append(f"collective_fits.{key} needs latency_us and bw_GBps")
 
 
 def default_cost_model(cluster: ClusterSpec) -> CostModel:

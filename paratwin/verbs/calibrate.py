@@ -5,24 +5,45 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from paratwin.config import CONF_DIR, to_spec
+from paratwin.outdir import out_dir
 from twin import rundir
 from twin.calibrate.predict import MODELLED_COLUMNS, modelled_rows
 from twin.calibrate.profile import build_profile, read_csv
-from twin.cost import CostModel
+from twin.cost import PROFILE_FORMAT, CostModel
 from twin.files import write_text_atomic
 from twin.spec import ClusterSpec, ConfigError
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""A profile name: a plain file stem, so conf/profiles/NAME.yaml stays in conf/profiles/."""
+
+
+def profile_name(cfg, cluster: ClusterSpec) -> str:
+    """The profile's name (name=, else the cluster's), refused unless a plain file stem."""
+    name = str(cfg.get("name") or cluster.name)
+    field = "name" if cfg.get("name") else "cluster.name"
+    if not PLAIN_NAME.fullmatch(name) or name.endswith(".yaml"):
+        raise ConfigError(f"{field}={name!r} is not a plain profile name (letters, digits, "
+                          "'.', '_', '-'; no folders or .yaml): calibrate writes "
+                          "conf/profiles/NAME.yaml; to write the profile elsewhere give "
+                          "out=PATH")
+    return name
 
 
 def profile_path(cfg, cluster: ClusterSpec) -> Path:
     if cfg.get("out"):
-        return Path(str(cfg.out))
-    return CONF_DIR / "profiles" / f"{cfg.get('name') or cluster.name}.yaml"
+        path = Path(str(cfg.out))
+        if path.is_dir():
+            raise ConfigError(f"out={path} is a directory; give the profile's file path, e.g. "
+                              f"out={path / (profile_name(cfg, cluster) + '.yaml')}")
+        return path
+    return CONF_DIR / "profiles" / f"{profile_name(cfg, cluster)}.yaml"
 
 
 def check_writable(path: Path) -> None:
@@ -31,8 +52,21 @@ def check_writable(path: Path) -> None:
         try:
             CostModel.load(path)
         except ValueError as err:
+            if _is_profile(path):
+                return  # a profile with bad values: the new fit replaces it
             raise ConfigError(f"{path} exists and is not a paratwin profile ({err}); it was not "
                               "overwritten: move it away or choose another out=PATH") from None
+
+
+def _is_profile(path: Path) -> bool:
+    """Whether ``path`` holds YAML marked as a paratwin profile (whatever its values)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and data.get("format") == PROFILE_FORMAT
 
 
 def run_bench(run_dir: Path, overrides: list[str], timeout_s: float) -> Path:
@@ -57,7 +91,7 @@ def run_interference(run_dir: Path, world: int, gemm_n: int, timeout_s: float) -
     from twin import rundir
 
     out = run_dir / "interference"
-    rundir.prepare(out)
+    rundir.prepare(out, "interference")
     rundir.write_json(out / rundir.SETTINGS, {
         "task": "interference", "world_size": world, "backend": "gloo", "threads": 1,
         "timeout_s": timeout_s, "comm_timeout_s": timeout_s, "gemm_n": gemm_n, "repeats": 10,
@@ -111,10 +145,7 @@ def run(cfg) -> dict:
     cluster = to_spec(ClusterSpec, cfg.get("cluster"), "cluster")
     path = profile_path(cfg, cluster)
     check_writable(path)
-    from hydra.core.hydra_config import HydraConfig
-
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = rundir.claim(out_dir(cfg, "calibrate"), "calibrate", bool(cfg.get("force", False)))
     timeout_s = float(cfg.get("timeout_s", 600))
     if cfg.get("bench_dir"):
         bench_dir = Path(str(cfg.bench_dir))
@@ -129,7 +160,7 @@ def run(cfg) -> dict:
                                         int(cfg.get("interference_gemm_n", 512)), timeout_s)
     dtype = "fp32" if "fp32" in cluster.gpu.peak_tflops and cluster.intra.kind == "shared_cpu" \
         else "bf16"
-    name = str(cfg.get("name") or cluster.name)
+    name = str(cfg.get("name") or cluster.name) if cfg.get("out") else profile_name(cfg, cluster)
     try:
         profile, report = build_profile(bench_dir, cluster, name, dtype, interference)
     except ValueError as err:

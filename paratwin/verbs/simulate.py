@@ -3,57 +3,117 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from paratwin.config import job_from_cfg, load_profile
+from paratwin.outdir import out_dir
 from paratwin.progress import Progress
+from twin import rundir
 from twin.chrome import chrome_trace
 from twin.files import write_json_atomic, write_text_atomic
 from twin.sim.engine import SimOptions
-from twin.sim.run import simulate
-from twin.sim.whatif import parse_link
-from twin.spec import ConfigError
+from twin.sim.run import check_budget, simulate
+from twin.sim.whatif import check_options, parse_link
+from twin.spec import ConfigError, ConfigWarning
+from twin.spec.errors import raise_if
 
 FOLDS = ("none", "dp", "tp", "all", "auto")
 AUTO_FOLD_ABOVE = 512
 
 
+def _whole(value, field: str, meaning: str, problems: list[str],
+           low: int | None = 0) -> int | None:
+    """An integer field (``3``, ``"3"``) of at least ``low``, else a problem naming it;
+    None when missing."""
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        try:
+            if isinstance(value, str) or float(value) == int(value):
+                number = int(value)
+                if low is None or number >= low:
+                    return number
+        except (TypeError, ValueError, OverflowError):
+            pass
+    at_least = "" if low is None else f" >= {low}"
+    problems.append(f"{field}={value!r} must be a whole number{at_least} ({meaning})")
+    return None
+
+
+def _real(value, field: str, meaning: str, problems: list[str]) -> float | None:
+    """A number field (``0.5``, ``"0.5"``), else a problem naming it; range: check_options."""
+    if not isinstance(value, bool):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    problems.append(f"{field}={value!r} must be a finite number > 0 ({meaning})")
+    return None
+
+
 def options_from_cfg(cfg, job) -> SimOptions:
+    """SimOptions from the config; every value that cannot be read is one ConfigError
+    (ranges are checked against the job by twin.sim.whatif.check_options)."""
+    problems: list[str] = []
     fold = str(cfg.get("fold", "auto"))
     if fold not in FOLDS:
-        raise ConfigError(f"fold={fold!r} is not one of {'|'.join(FOLDS)}")
+        problems.append(f"fold={fold!r} is not one of {'|'.join(FOLDS)}")
     if fold == "auto":
         fold = "all" if job.grid.world_size > AUTO_FOLD_ABOVE and not job.parallel.legacy_dp \
             else "none"
     algorithm = str(cfg.get("algorithm", "auto"))
     if algorithm not in ("auto", "ring", "tree", "hierarchical"):
-        raise ConfigError(f"algorithm={algorithm!r} is not one of auto|ring|tree|hierarchical")
+        problems.append(f"algorithm={algorithm!r} is not one of auto|ring|tree|hierarchical")
     w = cfg.get("whatif") or {}
-    straggler = {}
-    if w.get("straggler_rank") is not None:
-        straggler[int(w["straggler_rank"])] = float(w.get("straggler_factor", 1.0))
-    degraded = {}
+    if not hasattr(w, "get"):
+        raise ConfigError(f"whatif={w!r} must be a group of fields, e.g. whatif.straggler_rank=3 "
+                          "whatif.straggler_factor=2.0 or whatif.degraded_link=nic_out:0:0 "
+                          "whatif.degraded_factor=0.5")
+    straggler, degraded = {}, {}
+    rank = _whole(w.get("straggler_rank"), "whatif.straggler_rank",
+                  "the rank that computes slower", problems, low=None)
+    factor = _real(w.get("straggler_factor", 1.0), "whatif.straggler_factor",
+                   "2.0: the straggler computes at half speed", problems)
+    if rank is not None and factor is not None:
+        straggler[rank] = factor
+    elif w.get("straggler_rank") is None and factor not in (None, 1.0):
+        warnings.warn(f"whatif.straggler_factor={factor:g} has no effect without "
+                      "whatif.straggler_rank; set whatif.straggler_rank=R (the rank to slow)",
+                      ConfigWarning, stacklevel=2)
+    factor = _real(w.get("degraded_factor", 1.0), "whatif.degraded_factor",
+                   "0.5: the link keeps half its bandwidth", problems)
     if w.get("degraded_link"):
-        degraded[parse_link(str(w["degraded_link"]))] = float(w.get("degraded_factor", 1.0))
+        link = parse_link(str(w["degraded_link"]))
+        if factor is not None:
+            degraded[link] = factor
+    elif factor not in (None, 1.0):
+        warnings.warn(f"whatif.degraded_factor={factor:g} has no effect without "
+                      "whatif.degraded_link; set whatif.degraded_link=KIND:INDEX..., e.g. "
+                      "nic_out:0:0 (node 0, NIC 0)", ConfigWarning, stacklevel=2)
+    seed = _whole(cfg.get("seed", 0), "seed", "jitter's random seed", problems)
+    raise_if(problems)
     return SimOptions(fold=fold, algorithm=algorithm, straggler=straggler, degraded=degraded,
-                      jitter=bool(cfg.get("jitter", False)), seed=int(cfg.get("seed", 0)))
+                      jitter=bool(cfg.get("jitter", False)), seed=seed or 0)
 
 
 def out_dir_of(cfg) -> Path:
+    """out_dir, a -m sweep point's directory, or reports/simulate/<time>-<model>-<parallel>."""
     if cfg.get("out_dir"):
         return Path(str(cfg.out_dir))
     from hydra.core.hydra_config import HydraConfig
 
-    return Path(HydraConfig.get().runtime.output_dir)
+    choices = HydraConfig.get().runtime.choices
+    return out_dir(cfg, "simulate", f"{choices.get('model')}-{choices.get('parallel')}")
 
 
 def _size(nbytes: float) -> str:
     return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.2f} MB"
 
 
-def format_summary(job, s: dict, out: Path) -> str:
+def format_summary(job, s: dict, out: Path, chrome: str = "trace.json") -> str:
     p = job.parallel
     lines = [
         f"simulated {job.model.name} on {job.cluster.name}: {job.grid.world_size} GPUs, dp={p.dp} "
@@ -78,7 +138,7 @@ def format_summary(job, s: dict, out: Path) -> str:
         lines.append(f"  !! DOES NOT FIT: peak memory {_size(peak)} > {hbm / 1e9:.0f} GB of HBM "
                      f"on rank {worst} (out of memory by {(peak - hbm) / 1e9:.2f} GB); the times "
                      "above assume it fit")
-    lines.append(f"  wrote {out}/summary.json, spans.json, trace.json"
+    lines.append(f"  wrote {out}/summary.json, spans.json, {chrome}"
                  + (", report.html" if (out / "report.html").exists() else ""))
     return "\n".join(lines)
 
@@ -87,14 +147,15 @@ def run(cfg) -> dict:
     fmt = cfg.get("format", "text")
     if fmt not in ("text", "json"):
         raise ConfigError(f"format={fmt!r} is not one of text|json")
-    steps = int(cfg.get("steps", 1))
-    if steps < 1:
-        raise ConfigError(f"steps={steps} must be at least 1")
+    problems: list[str] = []
+    steps = _whole(cfg.get("steps", 1), "steps", "simulated steps", problems, low=1)
+    raise_if(problems)
     job = job_from_cfg(cfg)
     cost = load_profile(cfg.get("calibration"), job.cluster)
     options = options_from_cfg(cfg, job)
-    out = out_dir_of(cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    check_budget(job, options.fold, steps)  # before the run directory: nothing written
+    check_options(job, options, cost)
+    out = rundir.claim(out_dir_of(cfg), "simulate", bool(cfg.get("force", False)))
     bar = Progress("paratwin simulate")
     result = simulate(job, cost, options, steps=steps, progress=bar.update)
     bar.close()
@@ -102,11 +163,13 @@ def run(cfg) -> dict:
     result.trace.save(out / "spans.json")
     summary = dict(result.summary, out_dir=str(out))
     write_json_atomic(out / "summary.json", summary)
+    chrome = rundir.chrome_path(out)
     if cfg.get("report", True):
         from twin.report import write_report
 
         write_report([out])  # report.html and the Chrome export trace.json (memory counters)
     else:
-        write_text_atomic(out / "trace.json", json.dumps(chrome_trace(result.trace)))
-    print(json.dumps(summary, indent=2) if fmt == "json" else format_summary(job, summary, out))
+        write_text_atomic(chrome, json.dumps(chrome_trace(result.trace)))
+    print(json.dumps(summary, indent=2) if fmt == "json"
+          else format_summary(job, summary, out, chrome.name))
     return summary

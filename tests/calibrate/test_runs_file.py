@@ -66,7 +66,8 @@ def test_derive_names_what_the_row_lacks(tmp_path):
 
 @pytest.mark.skipif(not A100.is_dir(), reason="the shared A100 set is not here")
 def test_the_a100_set_reads_with_its_shipped_map():
-    runs = read_runs(A100 / "step_times_1node.csv", ColumnMap.load(ROOT / "conf/column_maps/vtrain_a100.yaml"))
+    cmap = ColumnMap.load(ROOT / "conf/column_maps/vtrain_a100.yaml")
+    runs = read_runs(A100 / "step_times_1node.csv", cmap)
     assert len(runs) == 1440
     first = runs[0].overrides
     assert first["cluster.gpus_per_node"] == 2 and first["parallel.pp"] == 2

@@ -52,7 +52,7 @@ def test_calibrate_fits_a_bench_dir_and_refuses_foreign_files(tmp_path):
     bench = _bench_dir(tmp_path)
     prof = tmp_path / "p.yaml"
     out = paratwin("calibrate", f"bench_dir={bench}", f"out={prof}", "interference=false",
-                   f"hydra.run.dir={tmp_path / 'c'}", "format=json", cwd=tmp_path)
+                   f"out_dir={tmp_path / 'c'}", "format=json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     fit = res["collectives"]["all_reduce/intra/2"]
@@ -85,6 +85,6 @@ def test_calibrate_fits_a_bench_dir_and_refuses_foreign_files(tmp_path):
     foreign = tmp_path / "notes.yaml"
     foreign.write_text("hello: world\n")
     bad = paratwin("calibrate", f"bench_dir={bench}", f"out={foreign}", "interference=false",
-                   f"hydra.run.dir={tmp_path / 'd'}", cwd=tmp_path)
+                   f"out_dir={tmp_path / 'd'}", cwd=tmp_path)
     assert bad.returncode == 2 and "was not overwritten" in bad.stderr
     assert foreign.read_text() == "hello: world\n"

@@ -48,10 +48,12 @@ class Simulation:
         self.job, self.programs, self.cost, self.opt = job, programs, cost, options
         self.env = simpy.Environment()
         self.topo = Topology(job.cluster, job.grid, cost, options.degraded or None)
-        every = set()
-        for members in classes.values():
-            every.update(members)
-        self.fabric = Fabric(self.env, self.topo.resources_for(sorted(every)))
+        world = job.grid.world_size
+        if sum(map(len, classes.values())) == world:  # fold_classes: a partition of the world
+            every = range(world)
+        else:
+            every = sorted({m for members in classes.values() for m in members})
+        self.fabric = Fabric(self.env, self.topo.resources_for(every))
         self.classes = classes
         self.simulated = set(programs)
         self.rng = np.random.default_rng(options.seed)
@@ -62,11 +64,12 @@ class Simulation:
         self._pairs: dict[PairKey, P2PPair] = {}
         self._structures: dict[tuple[str, int], Structure] = {}
         self.core_share = job.cluster.cores_per_node is not None and cost.core_share
-        self._class_of = {m: rep for rep, ms in classes.items() for m in ms}
+        self._class_of: dict[int, int] | None = None  # member -> representative, when asked
         self._copy_weights: dict[tuple[int, tuple[Resource, ...]], tuple[float, ...]] = {}
         self._inflight_comm = {r: 0 for r in programs}
         self.ops_done = 0
-        self.on_progress: Callable[[int], None] | None = None  # (ops_done), every 16384 ops
+        self.on_progress: Callable[[int], None] | None = None
+        """(ops_done): every 16,384 ops and after planning a collective over 1,024+ ranks."""
 
     # -- helpers ------------------------------------------------------------------------
     def _noise(self, cv: float) -> float:
@@ -78,7 +81,11 @@ class Simulation:
     def _weights(self, src: int, resources: tuple[Resource, ...]) -> tuple[float, ...]:
         """How many copies of ``src``'s flow share each resource (folded ranks); memoized per
         (src, resources), as the same routes recur at every collective."""
-        copies = self.classes.get(self._class_of.get(src, src), [src])
+        copies = self.classes.get(src)
+        if copies is None:  # not a representative (hand-made classes): find its class
+            if self._class_of is None:
+                self._class_of = {m: rep for rep, ms in self.classes.items() for m in ms}
+            copies = self.classes.get(self._class_of.get(src, src), [src])
         if len(copies) == 1:
             return (1.0,) * len(resources)
         key = (src, resources)
@@ -158,6 +165,8 @@ class Simulation:
             fit = self._fitted(op.kind, op.group, op.bytes, specs, [ph.latency_s for ph in phases])
             self._next_phase(fit.bundles, fit.latencies_s, 0, rv.done,
                              self._noise(self.cost.comm_cv), fit.base_latency_s)
+            if self.on_progress and len(op.group) >= 1024:
+                self.on_progress(self.ops_done)  # planning a large group takes a while: say so
         self.events += 1
         return rv.done
 

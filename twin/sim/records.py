@@ -9,7 +9,7 @@ from typing import NamedTuple
 import simpy
 
 from twin.sim.topology import Resource
-from twin.spec import Job
+from twin.spec import ConfigError, Job
 
 RendezvousKey = tuple[tuple[int, ...], str]
 """A collective's rendezvous: (its group's ranks, the op's name)."""
@@ -34,18 +34,52 @@ class SimOptions:
     seed: int = 0
 
 
-def fold_classes(job: Job, fold: str) -> dict[int, list[int]]:
-    """Representative rank -> the ranks it stands for (itself first)."""
-    dims = {"none": (), "dp": ("dp",), "tp": ("tp",), "all": ("dp", "tp")}[fold]
+FOLD_AXES = {"none": (), "dp": ("dp",), "tp": ("tp",), "all": ("dp", "tp")}
+"""Each fold and the grid axes whose ranks it simulates once."""
+
+
+def _offsets(grid, dims) -> list[int]:
+    """Rank offsets of every combination of coordinates along ``dims``, ascending."""
+    out = [0]
+    for d in dims:
+        if grid.size(d) > 1:
+            stride = grid.rank(**{d: 1})
+            out = [o + i * stride for o in out for i in range(grid.size(d))]
+    return sorted(out)
+
+
+def folded_axes(job: Job, fold: str) -> tuple[str, ...]:
+    """The axes ``fold`` folds (ConfigError for legacy DP, whose device 0 differs)."""
+    if fold not in FOLD_AXES:
+        raise ConfigError(f"fold={fold!r} is not one of {'|'.join(FOLD_AXES)}")
+    dims = FOLD_AXES[fold]
     if job.parallel.legacy_dp and "dp" in dims:
-        raise ValueError("fold=dp cannot fold legacy DP: device 0 differs from the others; "
-                         "use fold=none")
+        raise ConfigError(f"fold={fold} cannot fold legacy DP: device 0 differs from the "
+                          "others; use fold=none (or fold=tp)")
+    return dims
+
+
+def fold_rep(job: Job, fold: str, rank: int) -> int:
+    """The rank simulated for ``rank`` under ``fold`` (its class's representative)."""
     grid = job.grid
+    return rank - sum(grid.coord(rank, d) * grid.rank(**{d: 1})
+                      for d in folded_axes(job, fold) if grid.size(d) > 1)
+
+
+def fold_classes(job: Job, fold: str, progress=None) -> dict[int, list[int]]:
+    """Representative rank -> the ranks it stands for (itself first), representatives in
+    ascending order. Built from the grid's strides, not rank by rank: representatives are
+    the ranks at coordinate 0 of every folded axis, a class is its representative plus
+    every offset along the folded axes. ``progress(done, total, what)`` as in simulate."""
+    grid = job.grid
+    dims = folded_axes(job, fold)
+    copies = _offsets(grid, dims)
+    reps = _offsets(grid, [d for d in grid.order if d not in dims])
     out: dict[int, list[int]] = {}
-    for r in range(grid.world_size):
-        rep = r - sum(grid.coord(r, d) * (grid.rank(**{d: 1}) if grid.size(d) > 1 else 0)
-                      for d in dims)
-        out.setdefault(rep, []).append(r)
+    for k, rep in enumerate(reps):
+        out[rep] = [rep + o for o in copies]
+        if progress and not k & 65535:
+            progress(k, len(reps), "folding ranks")
     return out
 
 

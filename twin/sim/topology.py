@@ -68,22 +68,25 @@ class Topology:
 
     def resources_for(self, ranks) -> dict[Resource, float]:
         """Capacities of the resources the given ranks can touch (created on demand)."""
-        nodes = {self.grid.node(r) for r in ranks}
+        gpn = self.gpn
+        if isinstance(ranks, range) and ranks.step == 1:  # every rank: no walk for the nodes
+            nodes = range(ranks.start // gpn, -(-ranks.stop // gpn)) if ranks else range(0)
+        else:
+            nodes = sorted({r // gpn for r in ranks})
         cap = self.capacity
-        for n in nodes:
-            if self.shared_cpu:
-                cap[("cpu", n)] = float(self.cost.cores_effective or self.cluster.cores_per_node
-                                        or self.gpn)
-            for i in range(self.nics):
-                cap[("nic_out", n, i)] = self.nic_Bps
-                cap[("nic_in", n, i)] = self.nic_Bps
-            up = self.nics * self.nic_Bps / self.oversub
-            cap[("up", n)] = up
-            cap[("down", n)] = up
+        nic, up = self.nic_Bps, self.nics * self.nic_Bps / self.oversub
+        if self.shared_cpu:
+            cores = float(self.cost.cores_effective or self.cluster.cores_per_node or gpn)
+            cap.update({("cpu", n): cores for n in nodes})
+        for i in range(self.nics):
+            cap.update({("nic_out", n, i): nic for n in nodes})
+            cap.update({("nic_in", n, i): nic for n in nodes})
+        cap.update({("up", n): up for n in nodes})
+        cap.update({("down", n): up for n in nodes})
         if not self.shared_cpu:
-            for r in ranks:
-                cap[("out", r)] = self.intra_Bps
-                cap[("in", r)] = self.intra_Bps
+            intra = self.intra_Bps
+            cap.update({("out", r): intra for r in ranks})
+            cap.update({("in", r): intra for r in ranks})
         for res, factor in (self.degraded or {}).items():
             if res in cap:
                 cap[res] = cap[res] * factor
@@ -93,7 +96,7 @@ class Topology:
         return self.grid.local_rank(rank) * self.nics // self.gpn
 
     def inter(self, a: int, b: int) -> bool:
-        return self.grid.node(a) != self.grid.node(b)
+        return a // self.gpn != b // self.gpn  # grid.node without its range check: hot path
 
     def route(self, src: int, dst: int) -> tuple[Resource, ...]:
         """Resources a transfer from ``src`` to ``dst`` crosses."""
