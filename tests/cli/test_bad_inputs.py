@@ -55,6 +55,21 @@ BAD_FIELDS = [
     ("simulate", ("steps=[",), "cannot read the override 'steps=['"),
     ("simulate", (*T, "whatif.degraded_link=nic_out:a:b"), "the indices must be integers"),
     ("simulate", (*T, "parallel=ddp", "parallel.legacy_dp=true", "fold=dp"), "fold=dp"),
+    # item 5: what-ifs
+    ("simulate", ("model=tiny", "cluster=dgx_h100", "cluster.num_nodes=2", "parallel=ddp",
+                  "whatif.degraded_link=nic_out:7:0"), "nic_out:7:0"),
+    ("simulate", (*T, "parallel=ddp", "whatif.degraded_link=out:0",
+                  "whatif.degraded_factor=0"), "degraded_factor"),
+    ("simulate", (*T, "parallel=ddp", "whatif.straggler_rank=1", "whatif.straggler_factor=0"),
+     "straggler_factor"),
+    ("simulate", (*T, "parallel=ddp", "whatif.straggler_rank=1", "whatif.straggler_factor=-2"),
+     "straggler_factor"),
+    ("simulate", (*T, "parallel=ddp", "whatif.straggler_rank=abc"), "straggler_rank"),
+    # item 6: profiles
+    ("calibrate", ("name=../../x",), "name="),
+    # item 8: unbounded work
+    ("simulate", ("cluster=dgx_h100", "cluster.num_nodes=10000000"), "GPUs"),
+    ("simulate", (*T, "parallel=ddp", "parallel.global_batch_size=20000000"), "micro-batch"),
 ]
 
 
@@ -62,6 +77,30 @@ BAD_FIELDS = [
 def test_bad_field_is_one_line(tmp_path, verb, args, text):
     one_line(paratwin(verb, *args, cwd=tmp_path), text)
     assert not (tmp_path / "reports").exists() or verb == "simulate" and "-m" in args
+
+
+def test_calibration_that_is_a_directory_or_not_a_profile(tmp_path):
+    one_line(paratwin("simulate", *T, "parallel=ddp", f"calibration={tmp_path}", cwd=tmp_path),
+             "is a directory")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("format: paratwin-profile\nversion: 1\ngemm: {efficiency: -0.5, foo: 1}\n")
+    line = one_line(paratwin("simulate", *T, "parallel=ddp", f"calibration={bad}", cwd=tmp_path),
+                    "gemm")
+    assert "foo" in line or "efficiency" in line
+
+
+def test_suspicious_inputs_are_not_accepted_silently(tmp_path):
+    """Legal but without effect, or from another machine: a warning line, the run goes on."""
+    cases = [(("model=tiny", "cluster=dgx_h100", "parallel=ddp", "calibration=cpu_local"),
+              "cpu_local"),
+             ((*T, "parallel=ddp", "jitter=true", "steps=2"), "noise"),
+             ((*T, "parallel=ddp", "whatif.straggler_factor=2"), "straggler_rank")]
+    for args, text in cases:
+        out = paratwin("simulate", *args, "report=false", f"out_dir={tmp_path / text}",
+                       cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        warns = [ln for ln in out.stderr.splitlines() if "warning:" in ln]
+        assert any(text in ln for ln in warns), (args, out.stderr)
 
 
 def test_debug_true_shows_the_traceback(tmp_path):
