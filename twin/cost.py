@@ -41,7 +41,15 @@ class KernelCost:
     mem_efficiency: float = 0.8
     """Fraction of HBM bandwidth reached by the op's memory traffic."""
     launch_us: float = 5.0
-    """Fixed cost per op (kernel launch, framework overhead)."""
+    """Fixed cost per op on the device (kernel launch gaps, tails)."""
+    host_us: float = 0.0
+    """CPU time the rank's host thread spends issuing one op of this kind (framework
+    dispatch, autograd, kernel launches): the op cannot start before the host has issued it
+    and the host issues in program order, so many small ops make a step host-bound."""
+    tile: int = 0
+    """GEMM output tile edge (cuBLAS: 128 on A100/H100): an m x n output takes
+    ceil(m/tile) * ceil(n/tile) tiles, run in waves of the GPU's sm_count; the padded tiles
+    and the idle SMs of the last wave are lost. 0: no tile or wave quantization."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class CostModel:
     inter: LinkCost = LinkCost(bw_efficiency=0.95)
     base_latency_us: float = 8.4
     """Fixed cost of every collective (NCCL baseLat, ring, Simple: 8.4 us)."""
+    host_comm_us: float = 0.0
+    """Host time to issue one collective or send/recv (see KernelCost.host_us)."""
     p2p_latency_us: float | None = None
     """Fixed cost of a send/recv; None: one hop of the link's latency."""
     overlap_slowdown: float = 0.0
@@ -115,10 +125,20 @@ class CostModel:
         t = 0.0
         if flops:
             eff = k.efficiency * (flops / (flops + k.half_flops) if k.half_flops else 1.0)
+            if k.tile and op.kind == "gemm" and len(op.shape) >= 2:
+                eff *= gemm_utilization(op.shape[0], op.shape[1], k.tile, gpu.sm_count)
             t = flops / (gpu.peak_flops(op.dtype or "bf16") * eff)
         if op.bytes:
             t = max(t, op.bytes / (gpu.hbm_bw_GBps * 1e9 * k.mem_efficiency))
         return t + k.launch_us * 1e-6
+
+    def host_time(self, op: Op) -> float:
+        """Seconds the host spends issuing ``op`` (0 for memory bookkeeping)."""
+        if op.is_compute:
+            return self.kernel(op.kind, op.dtype).host_us * 1e-6
+        if op.is_collective or op.is_p2p:
+            return self.host_comm_us * 1e-6
+        return 0.0
 
     def link_latency_s(self, cluster: ClusterSpec, inter: bool) -> float:
         lc = self.inter if inter else self.intra
@@ -201,10 +221,13 @@ _POSITIVE, _NON_NEGATIVE = "a finite number > 0", "a finite number >= 0"
 KERNEL_RANGES = {"efficiency": (_POSITIVE, "fraction of peak FLOP/s reached"),
                  "half_flops": (_NON_NEGATIVE, "FLOPs at half efficiency; 0: flat"),
                  "mem_efficiency": (_POSITIVE, "fraction of HBM bandwidth reached"),
-                 "launch_us": (_NON_NEGATIVE, "fixed cost per op, us")}
+                 "launch_us": (_NON_NEGATIVE, "fixed cost per op, us"),
+                 "host_us": (_NON_NEGATIVE, "host time to issue one op, us"),
+                 "tile": (_NON_NEGATIVE, "GEMM output tile edge; 0: none")}
 LINK_RANGES = {"bw_efficiency": (_POSITIVE, "fraction of the line rate reached"),
                "latency_us": (_NON_NEGATIVE, "per-hop latency, us; null: the cluster's")}
 SCALAR_RANGES = {"base_latency_us": (_NON_NEGATIVE, "fixed cost of a collective, us"),
+                 "host_comm_us": (_NON_NEGATIVE, "host time to issue a collective, us"),
                  "p2p_latency_us": (_NON_NEGATIVE, "fixed cost of a send/recv, us"),
                  "overlap_slowdown": (_NON_NEGATIVE, "0.2: compute 20% slower beside comm"),
                  "cores_effective": (_POSITIVE, "cores the ranks share"),
@@ -325,6 +348,18 @@ def default_cost_model(cluster: ClusterSpec) -> CostModel:
             optimizer=KernelCost(efficiency=0.3, mem_efficiency=0.4, launch_us=30),
             base_latency_us=60.0)
     return model
+
+
+def gemm_utilization(m: int, n: int, tile: int, sm_count: int | None = None) -> float:
+    """Fraction of the GPU an m x n GEMM output keeps busy: its useful share of the padded
+    tiles, times the share of SMs busy over its waves (tiles / (waves * sm_count))."""
+    tm, tn = -(-int(m) // tile), -(-int(n) // tile)
+    tiles = tm * tn
+    util = (m * n) / (tiles * tile * tile)
+    if sm_count:
+        waves = -(-tiles // sm_count)
+        util *= tiles / (waves * sm_count)
+    return util
 
 
 def ring_allreduce_time(nbytes: float, n: int, bw_Bps: float, alpha_s: float) -> float:

@@ -14,6 +14,7 @@ their flows count once per copy on the resources the copies share (NIC, loopback
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -191,11 +192,14 @@ class Simulation:
         else:
             start()
 
-    def _p2p(self, rank: int, i: int, op: Op, evs: dict[int, simpy.Event], external: set[int]):
+    def _p2p(self, rank: int, i: int, op: Op, evs: dict[int, simpy.Event], external: set[int],
+             issued_at: float = 0.0):
         waits = [ev for ev in (self._event_of(rank, self.programs[rank].ops[d], evs, d)
                                for d in op.deps if d in external) if not ev.triggered]
         if waits:
             yield self.env.all_of(waits)
+        if issued_at > self.env.now:  # the host has not issued it yet
+            yield self.env.timeout(issued_at - self.env.now)
         src, dst = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
         key = (src, dst, op.tag)
         self.start[rank][i] = self.env.now
@@ -244,7 +248,8 @@ class Simulation:
         return rv
 
     def _stream(self, rank: int, indices: list[int], evs: dict[int, simpy.Event],
-                external: set[int], ext_deps: list[tuple[int, ...]], base: list[float]):
+                external: set[int], ext_deps: list[tuple[int, ...]], base: list[float],
+                issue: list[float] | None = None):
         ops = self.programs[rank].ops
         env = self.env
         st, en = self.start[rank], self.end[rank]
@@ -269,6 +274,14 @@ class Simulation:
                         pending = 0.0
                     yield waits[0] if len(waits) == 1 else env.all_of(waits)
                     self.events += 1
+            if issue is not None and issue[i] > env.now + pending:  # the host has not issued it
+                if op.is_compute and not core_share:
+                    pending = issue[i] - env.now
+                else:
+                    if pending:
+                        yield env.timeout(pending)
+                        pending = 0.0
+                    yield env.timeout(issue[i] - env.now)
             if op.is_compute:
                 dur = base[i] * slow
                 if jitter:
@@ -326,22 +339,35 @@ class Simulation:
         ext_deps = [tuple(d for d in op.deps if d in external) for op in ops]
         gpu = self.job.cluster.gpu
         base = [self.cost.compute_time(op, gpu) if op.is_compute else 0.0 for op in ops]
-        out = Structure(streams, external, ext_deps, base)
+        host = [self.cost.host_time(op) for op in ops]
+        issue = list(itertools.accumulate(host)) if any(host) else None
+        out = Structure(streams, external, ext_deps, base, issue)
         self._structures[key] = out
         return out
+
+    def issue_time(self, rank: int, i: int) -> float:
+        """When the host issued op ``i`` of ``rank`` (0 when the host costs nothing)."""
+        issue = self._structure(rank, self.programs[rank]).issue_s
+        return float(issue[i]) if issue else 0.0
+
+    def structure_of(self, rank: int) -> Structure:
+        """The stream structure of ``rank``'s program (see Structure)."""
+        return self._structure(rank, self.programs[rank])
 
     def run(self) -> float:
         """Simulate; returns the step time in seconds."""
         for rank, prog in self.programs.items():
-            streams, external, ext_deps, base = self._structure(rank, prog)
+            streams, external, ext_deps, base, issue = self._structure(rank, prog)
             ops = prog.ops
             evs = {i: self.env.event() for i in external if not ops[i].is_collective}
             for s, idx in streams.items():
                 if s == "p2p":
                     for i in idx:
-                        self.env.process(self._p2p(rank, i, ops[i], evs, external))
+                        self.env.process(self._p2p(rank, i, ops[i], evs, external,
+                                                   issue[i] if issue else 0.0))
                 else:
-                    self.env.process(self._stream(rank, idx, evs, external, ext_deps, base))
+                    self.env.process(self._stream(rank, idx, evs, external, ext_deps, base,
+                                                  issue))
         self.env.run()
         stuck = [k for k, rv in self._rv.items() if rv.members_left > 0]
         stuck += list(self._pairs)

@@ -1,0 +1,94 @@
+"""The cost model's mechanisms of real steps, each against its closed form: the host that
+issues ops in program order, and GEMM tile and wave quantization."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.conftest import gpt
+from twin.cost import CostModel, KernelCost, LinkCost, gemm_utilization
+from twin.schedule.ir import Op, Program
+from twin.sim.engine import SimOptions, Simulation
+from twin.spec import ClusterSpec, GPUSpec, ParallelPlan, build_job
+
+PEAK = 100e12  # FLOP/s
+
+
+def _job(sm_count=None):
+    cl = ClusterSpec(name="ideal", num_nodes=1, gpus_per_node=1,
+                     gpu=GPUSpec(name="g", peak_tflops={"bf16": PEAK / 1e12}, hbm_GB=80,
+                                 hbm_bw_GBps=1e6, sm_count=sm_count))
+    return build_job(gpt(), cl, ParallelPlan(global_batch_size=1))
+
+
+def _cost(gemm_host_us=0.0, elem_host_us=0.0, tile=0):
+    return CostModel(base_latency_us=0.0, intra=LinkCost(bw_efficiency=1.0),
+                     gemm=KernelCost(efficiency=1.0, launch_us=0.0, host_us=gemm_host_us, tile=tile),
+                     elementwise=KernelCost(efficiency=1.0, mem_efficiency=1.0, launch_us=0.0,
+                                            host_us=elem_host_us))
+
+
+def _gemm(name, seconds, deps=()):
+    return Op(name=name, kind="gemm", stream="compute", flops=seconds * PEAK, deps=deps,
+              shape=(4096, 4096, 4096))
+
+
+def _run(ops, cost, job=None):
+    job = job or _job()
+    sim = Simulation(job, {0: Program(0, ops)}, cost, SimOptions(), {0: [0]})
+    return sim.run(), sim
+
+
+def test_host_issue_is_a_max_plus_recursion():
+    """C_i = max(C_{i-1}, H_i) + d_i with H_i the host's cumulative issue time."""
+    d = [5e-3, 1e-3, 1e-3]
+    ops = [_gemm("a", d[0]), _gemm("b", d[1], (0,)),
+           Op(name="c", kind="elementwise", stream="compute", bytes=d[2] * 1e6 * 1e9,
+              deps=(1,))]
+    cost = _cost(gemm_host_us=1e3, elem_host_us=8e3)  # h = 1, 1, then 8 ms: H = 1, 2, 10
+    t, sim = _run(ops, cost)
+    H = [1e-3, 2e-3, 10e-3]
+    c1 = H[0] + d[0]
+    c2 = max(c1, H[1]) + d[1]
+    c3 = max(c2, H[2]) + d[2]
+    assert t == pytest.approx(c3, rel=1e-9)
+    assert [sim.issue_time(0, i) for i in range(3)] == pytest.approx(H)
+
+
+def test_without_host_costs_the_step_is_the_device_chain():
+    ops = [_gemm("a", 2e-3), _gemm("b", 3e-3, (0,))]
+    t, _ = _run(ops, _cost())
+    assert t == pytest.approx(5e-3, rel=1e-9)
+
+
+def test_many_small_ops_are_host_bound():
+    n, host_us, dev = 200, 30.0, 2e-6
+    ops = [_gemm(f"g{i}", dev, (i - 1,) if i else ()) for i in range(n)]
+    t, _ = _run(ops, _cost(gemm_host_us=host_us))
+    assert t == pytest.approx(n * host_us * 1e-6 + dev, rel=1e-9)
+
+
+@pytest.mark.parametrize("m, n, tile, sms, want", [
+    (128, 128, 128, 108, 1 / 108),                       # one tile on 108 SMs
+    (1024, 384, 128, 108, 24 / 108),                     # 8 x 3 tiles, one wave
+    (1000, 1000, 128, None, 1e6 / (64 * 128 * 128)),     # padding only
+    (1000, 1000, 128, 108, 1e6 / (64 * 128 * 128) * 64 / 108),
+    (128 * 12, 128 * 12, 128, 108, 144 / (2 * 108)),     # 144 tiles: two waves, the second 36
+])
+def test_gemm_utilization_closed_form(m, n, tile, sms, want):
+    assert gemm_utilization(m, n, tile, sms) == pytest.approx(want, rel=1e-12)
+
+
+def test_gemm_time_divides_by_the_utilization():
+    job = _job(sm_count=108)
+    op = Op(name="g", kind="gemm", stream="compute", flops=2.0 * 1024 * 384 * 1024,
+            shape=(1024, 384, 1024), dtype="bf16")
+    flat = _cost().compute_time(op, job.cluster.gpu)
+    tiled = _cost(tile=128).compute_time(op, job.cluster.gpu)
+    assert flat == pytest.approx(op.flops / PEAK)
+    assert tiled == pytest.approx(flat * 108 / 24)
+    # a CPU or unknown GPU (no sm_count): padding only
+    cpu = dataclasses.replace(job.cluster.gpu, sm_count=None)
+    assert _cost(tile=128).compute_time(op, cpu) == pytest.approx(flat)
