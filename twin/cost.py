@@ -50,6 +50,9 @@ class KernelCost:
     """GEMM output tile edge (cuBLAS: 128 on A100/H100): an m x n output takes
     ceil(m/tile) * ceil(n/tile) tiles, run in waves of the GPU's sm_count; the padded tiles
     and the idle SMs of the last wave are lost. 0: no tile or wave quantization."""
+    tile_exponent: float = 1.0
+    """How much of that loss is paid: efficiency x utilization ** this (cuBLAS's smaller
+    tiles and split-K win some of it back; 0: none paid, 1: all)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class CostModel:
     """Fixed cost of every collective (NCCL baseLat, ring, Simple: 8.4 us)."""
     host_comm_us: float = 0.0
     """Host time to issue one collective or send/recv (see KernelCost.host_us)."""
+    p2p_host_sync: bool = False
+    """The host waits for each batch of send/recv ops and the work before it to finish
+    before issuing more (Megatron: batch_isend_irecv, then torch.cuda.synchronize())."""
     p2p_latency_us: float | None = None
     """Fixed cost of a send/recv; None: one hop of the link's latency."""
     overlap_slowdown: float = 0.0
@@ -126,7 +132,8 @@ class CostModel:
         if flops:
             eff = k.efficiency * (flops / (flops + k.half_flops) if k.half_flops else 1.0)
             if k.tile and op.kind == "gemm" and len(op.shape) >= 2:
-                eff *= gemm_utilization(op.shape[0], op.shape[1], k.tile, gpu.sm_count)
+                eff *= gemm_utilization(op.shape[0], op.shape[1], k.tile,
+                                        gpu.sm_count) ** k.tile_exponent
             t = flops / (gpu.peak_flops(op.dtype or "bf16") * eff)
         if op.bytes:
             t = max(t, op.bytes / (gpu.hbm_bw_GBps * 1e9 * k.mem_efficiency))
@@ -223,7 +230,8 @@ KERNEL_RANGES = {"efficiency": (_POSITIVE, "fraction of peak FLOP/s reached"),
                  "mem_efficiency": (_POSITIVE, "fraction of HBM bandwidth reached"),
                  "launch_us": (_NON_NEGATIVE, "fixed cost per op, us"),
                  "host_us": (_NON_NEGATIVE, "host time to issue one op, us"),
-                 "tile": (_NON_NEGATIVE, "GEMM output tile edge; 0: none")}
+                 "tile": (_NON_NEGATIVE, "GEMM output tile edge; 0: none"),
+                 "tile_exponent": (_NON_NEGATIVE, "share of the tile and wave loss paid")}
 LINK_RANGES = {"bw_efficiency": (_POSITIVE, "fraction of the line rate reached"),
                "latency_us": (_NON_NEGATIVE, "per-hop latency, us; null: the cluster's")}
 SCALAR_RANGES = {"base_latency_us": (_NON_NEGATIVE, "fixed cost of a collective, us"),
@@ -291,8 +299,8 @@ def profile_problems(data: dict) -> list[str]:
             _section(problems, key, value, LINK_RANGES)
         elif key in SCALAR_RANGES:
             _number(problems, key, value, SCALAR_RANGES[key], key in NULLABLE)
-        elif key == "core_share" and not isinstance(value, bool):
-            problems.append(f"core_share={value!r} must be true or false")
+        elif key in ("core_share", "p2p_host_sync") and not isinstance(value, bool):
+            problems.append(f"{key}={value!r} must be true or false")
         elif key == "name" and not isinstance(value, str):
             problems.append(f"name={value!r} must be a string")
         elif key == "kernels_by_dtype":

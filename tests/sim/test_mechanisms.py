@@ -54,7 +54,7 @@ def test_host_issue_is_a_max_plus_recursion():
     c2 = max(c1, H[1]) + d[1]
     c3 = max(c2, H[2]) + d[2]
     assert t == pytest.approx(c3, rel=1e-9)
-    assert [sim.issue_time(0, i) for i in range(3)] == pytest.approx(H)
+    assert sim.structure_of(0).host.issue_s == pytest.approx(H)
 
 
 def test_without_host_costs_the_step_is_the_device_chain():
@@ -92,3 +92,34 @@ def test_gemm_time_divides_by_the_utilization():
     # a CPU or unknown GPU (no sm_count): padding only
     cpu = dataclasses.replace(job.cluster.gpu, sm_count=None)
     assert _cost(tile=128).compute_time(op, cpu) == pytest.approx(flat)
+
+
+def _two_ranks():
+    cl = ClusterSpec(name="ideal2", num_nodes=1, gpus_per_node=2,
+                     gpu=GPUSpec(name="g", peak_tflops={"bf16": PEAK / 1e12}, hbm_GB=80,
+                                 hbm_bw_GBps=1e6))
+    return build_job(gpt(), cl, ParallelPlan(dp=2, global_batch_size=2))
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_the_host_waits_for_a_send_recv_batch_when_it_synchronizes(sync):
+    """Megatron's batch_isend_irecv + cuda.synchronize(): an op issued after the batch
+    starts no earlier than the batch (and the work before it) has finished, plus the host's
+    time from the batch to that op: max(H_b, T_sync + H_b - H_send)."""
+    job = _two_ranks()
+    h = 100.0  # us per op, on the host
+    cost = dataclasses.replace(_cost(gemm_host_us=h), host_comm_us=h, p2p_latency_us=0.0,
+                               p2p_host_sync=sync)
+    r0 = [_gemm("a", 1e-3), Op(name="s", kind="send", stream="p2p", peer=1, tag="x",
+                               bytes=2e8, deps=(0,)), _gemm("b", 1e-3)]
+    r1 = [Op(name="r", kind="recv", stream="p2p", peer=0, tag="x", bytes=2e8)]
+    sim = Simulation(job, {0: Program(0, r0), 1: Program(1, r1)}, cost, SimOptions(),
+                     {0: [0], 1: [1]})
+    sim.run()
+    send_end, b_start = float(sim.end[0][1]), float(sim.start[0][2])
+    assert send_end > 1e-3
+    if sync:
+        assert b_start == pytest.approx(send_end + h * 1e-6, rel=1e-9)
+    else:
+        # right after a (issued at 0.1 ms, 1 ms long), long before the send ends
+        assert b_start == pytest.approx(float(sim.end[0][0]), rel=1e-9) == pytest.approx(1.1e-3)

@@ -14,7 +14,6 @@ their flows count once per copy on the resources the copies share (NIC, loopback
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 
@@ -25,6 +24,7 @@ from twin.cost import CostModel
 from twin.schedule.ir import Op, Program
 from twin.sim.collectives import Transfer, plan_collective
 from twin.sim.fabric import Fabric
+from twin.sim.host import HostPlan, host_plan
 from twin.sim.records import (  # noqa: F401 - SimOptions, fold_classes: public here
     Bundle,
     Fitted,
@@ -193,13 +193,13 @@ class Simulation:
             start()
 
     def _p2p(self, rank: int, i: int, op: Op, evs: dict[int, simpy.Event], external: set[int],
-             issued_at: float = 0.0):
+             host: HostPlan | None = None):
         waits = [ev for ev in (self._event_of(rank, self.programs[rank].ops[d], evs, d)
                                for d in op.deps if d in external) if not ev.triggered]
         if waits:
             yield self.env.all_of(waits)
-        if issued_at > self.env.now:  # the host has not issued it yet
-            yield self.env.timeout(issued_at - self.env.now)
+        if host is not None:  # the host has not issued it yet
+            yield from self._issued(rank, i, host, evs)
         src, dst = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
         key = (src, dst, op.tag)
         self.start[rank][i] = self.env.now
@@ -247,9 +247,26 @@ class Simulation:
             rv = self._rv[key] = Rendezvous(members, self.env.event())
         return rv
 
+    def _issued(self, rank: int, i: int, host: HostPlan, evs: dict[int, simpy.Event]):
+        """Wait (a process step) until the host has issued op ``i``: past its sync point's
+        ops, then its issue time. Returns when the op may start."""
+        s = host.sync_of[i]
+        ready = host.issue_s[i]
+        if s >= 0:
+            ops = self.programs[rank].ops
+            waits = [ev for ev in (self._event_of(rank, ops[w], evs, w) for w in host.waits[s])
+                     if not ev.triggered]
+            if waits:
+                yield self.env.all_of(waits)
+                self.events += 1
+            end = self.end[rank]
+            ready = max(ready, max(float(end[w]) for w in host.waits[s]) + host.offset_s(i))
+        if ready > self.env.now:
+            yield self.env.timeout(ready - self.env.now)
+
     def _stream(self, rank: int, indices: list[int], evs: dict[int, simpy.Event],
                 external: set[int], ext_deps: list[tuple[int, ...]], base: list[float],
-                issue: list[float] | None = None):
+                host: HostPlan | None = None):
         ops = self.programs[rank].ops
         env = self.env
         st, en = self.start[rank], self.end[rank]
@@ -274,14 +291,14 @@ class Simulation:
                         pending = 0.0
                     yield waits[0] if len(waits) == 1 else env.all_of(waits)
                     self.events += 1
-            if issue is not None and issue[i] > env.now + pending:  # the host has not issued it
-                if op.is_compute and not core_share:
-                    pending = issue[i] - env.now
+            if host is not None and (host.sync_of[i] >= 0 or host.issue_s[i] > env.now + pending):
+                if op.is_compute and not core_share and host.sync_of[i] < 0:
+                    pending = host.issue_s[i] - env.now  # not issued yet: the device idles
                 else:
                     if pending:
                         yield env.timeout(pending)
                         pending = 0.0
-                    yield env.timeout(issue[i] - env.now)
+                    yield from self._issued(rank, i, host, evs)
             if op.is_compute:
                 dur = base[i] * slow
                 if jitter:
@@ -336,19 +353,16 @@ class Simulation:
             for d in op.deps:
                 if ops[d].stream != op.stream or op.stream == "p2p":
                     external.add(d)
+        host = host_plan(ops, self.cost)
+        if host is not None:
+            for waited in host.waits.values():
+                external.update(waited)  # the host waits for them: they need events
         ext_deps = [tuple(d for d in op.deps if d in external) for op in ops]
         gpu = self.job.cluster.gpu
         base = [self.cost.compute_time(op, gpu) if op.is_compute else 0.0 for op in ops]
-        host = [self.cost.host_time(op) for op in ops]
-        issue = list(itertools.accumulate(host)) if any(host) else None
-        out = Structure(streams, external, ext_deps, base, issue)
+        out = Structure(streams, external, ext_deps, base, host)
         self._structures[key] = out
         return out
-
-    def issue_time(self, rank: int, i: int) -> float:
-        """When the host issued op ``i`` of ``rank`` (0 when the host costs nothing)."""
-        issue = self._structure(rank, self.programs[rank]).issue_s
-        return float(issue[i]) if issue else 0.0
 
     def structure_of(self, rank: int) -> Structure:
         """The stream structure of ``rank``'s program (see Structure)."""
@@ -357,17 +371,16 @@ class Simulation:
     def run(self) -> float:
         """Simulate; returns the step time in seconds."""
         for rank, prog in self.programs.items():
-            streams, external, ext_deps, base, issue = self._structure(rank, prog)
+            streams, external, ext_deps, base, host = self._structure(rank, prog)
             ops = prog.ops
             evs = {i: self.env.event() for i in external if not ops[i].is_collective}
             for s, idx in streams.items():
                 if s == "p2p":
                     for i in idx:
-                        self.env.process(self._p2p(rank, i, ops[i], evs, external,
-                                                   issue[i] if issue else 0.0))
+                        self.env.process(self._p2p(rank, i, ops[i], evs, external, host))
                 else:
                     self.env.process(self._stream(rank, idx, evs, external, ext_deps, base,
-                                                  issue))
+                                                  host))
         self.env.run()
         stuck = [k for k, rv in self._rv.items() if rv.members_left > 0]
         stuck += list(self._pairs)

@@ -136,6 +136,6 @@ class Structure(NamedTuple):
     """Per op: its dependencies among ``external``."""
     base_s: list[float]
     """Per op: compute time before straggler, jitter and overlap factors (0 for the rest)."""
-    issue_s: list[float] | None = None
-    """Per op: when the host has issued it (the host's costs summed in program order from
-    the step's start); None when the profile gives the host no cost."""
+    host: object = None
+    """The host's plan (twin.sim.host.HostPlan): issue times and sync points; None when
+    the host neither costs nor waits."""

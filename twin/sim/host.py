@@ -1,0 +1,64 @@
+"""The rank's host thread: it issues ops in program order, and sometimes waits for the device.
+
+Eager PyTorch spends CPU time on every op (dispatch, autograd, kernel launches) before the
+device can run it: op i is issued at H_i, the host's costs summed in program order, and
+cannot start earlier (``CostModel.host_time``). When the host synchronizes with the device
+it stops issuing until the device has finished what it was given: Megatron's pipeline
+exchange calls ``batch_isend_irecv``, waits on the requests and then
+``torch.cuda.synchronize()`` ("to protect against race condition"), so with
+``CostModel.p2p_host_sync`` every run of consecutive send/recv ops is a sync point. An op
+j after sync point s is issued at max(H_j, T_s + H_j - H_s), T_s being when the last op
+issued before the sync (on every stream, the batch included) has finished.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from twin.cost import CostModel
+from twin.schedule.ir import Op
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """When each op of one program is issued, and which sync point holds it back."""
+
+    issue_s: list[float]
+    """H_i: the host's costs summed in program order, op i's included."""
+    sync_of: list[int]
+    """Per op: the last sync point before it (the index of the batch's last op), -1: none."""
+    waits: dict[int, tuple[int, ...]]
+    """Sync point -> the ops the host waits for there (the last op of each stream up to it)."""
+
+    def offset_s(self, i: int) -> float:
+        """H_i - H_s: the host's time from its sync point to issuing op i."""
+        s = self.sync_of[i]
+        return self.issue_s[i] - self.issue_s[s] if s >= 0 else self.issue_s[i]
+
+
+def host_plan(ops: list[Op], cost: CostModel) -> HostPlan | None:
+    """The host's plan of a program, or None when the host neither costs nor waits."""
+    host = [cost.host_time(op) for op in ops]
+    sync = cost.p2p_host_sync and any(op.is_p2p for op in ops)
+    if not sync and not any(host):
+        return None
+    issue = list(itertools.accumulate(host))
+    sync_of = [-1] * len(ops)
+    waits: dict[int, tuple[int, ...]] = {}
+    last_of_stream: dict[str, int] = {}
+    current = -1
+    timed = [i for i, op in enumerate(ops) if op.stream != "mem"]
+    for k, i in enumerate(timed):
+        op = ops[i]
+        sync_of[i] = current
+        last_of_stream[op.stream if not op.is_p2p else f"p2p{i}"] = i
+        nxt = ops[timed[k + 1]] if k + 1 < len(timed) else None
+        if sync and op.is_p2p and (nxt is None or not nxt.is_p2p):  # the batch ends here
+            waits[i] = tuple(sorted(set(last_of_stream.values())))
+            last_of_stream = {s: j for s, j in last_of_stream.items() if not s.startswith("p2p")}
+            current = i
+    for i, op in enumerate(ops):  # memory ops: no time, no host
+        if op.stream == "mem":
+            sync_of[i] = -1
+    return HostPlan(issue, sync_of, waits)
