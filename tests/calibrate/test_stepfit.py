@@ -1,0 +1,82 @@
+"""Fitting the cost model to whole-run step times: the critical path re-times exactly, and the
+fit recovers known parameters from synthetic runs with noise."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from tests.conftest import gpt
+from twin.calibrate.critical import critical_path
+from twin.calibrate.stepfit import FREE, fit_steps, predict, simulate_path, with_params
+from twin.cost import CostModel, KernelCost
+from twin.schedule.builder import build_schedule
+from twin.sim.engine import SimOptions, Simulation, fold_classes
+from twin.spec import ClusterSpec, GPUSpec, ParallelPlan, build_job
+
+A100ISH = ClusterSpec(name="a100ish", num_nodes=1, gpus_per_node=8,
+                      gpu=GPUSpec(name="g", peak_tflops={"bf16": 312.0}, hbm_GB=80,
+                                  hbm_bw_GBps=2039, sm_count=108))
+
+
+def _jobs():
+    out = []
+    for h, (tp, pp), mb in itertools.product((1024, 4096), ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2)),
+                                             (1, 8)):
+        model = gpt(num_layers=4, hidden_size=h, num_heads=16, num_kv_heads=16,
+                    ffn_hidden_size=4 * h, vocab_size=1024, seq_len=1024)
+        dp = 8 // (tp * pp) // 2
+        cl = dataclasses.replace(A100ISH, gpus_per_node=tp * pp * dp)
+        out.append(build_job(model, cl, ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch_size=mb,
+                                                     global_batch_size=mb * dp * 4)))
+    return out
+
+
+TRUE = CostModel(name="truth", base_latency_us=20.0, p2p_latency_us=30.0, host_comm_us=40.0,
+                 p2p_host_sync=True,
+                 gemm=KernelCost(efficiency=0.6, launch_us=6.0, host_us=25.0, tile=128,
+                                 tile_exponent=0.5),
+                 attention=KernelCost(efficiency=0.3, mem_efficiency=0.6, launch_us=8.0, host_us=60.0),
+                 elementwise=KernelCost(mem_efficiency=0.5, launch_us=5.0, host_us=30.0),
+                 optimizer=KernelCost(mem_efficiency=0.7, launch_us=20.0, host_us=100.0))
+
+
+@pytest.mark.parametrize("k", [0, 4, 9, 13])
+def test_the_critical_path_retimes_to_the_simulated_step(k):
+    job = _jobs()[k]
+    classes = fold_classes(job, "all")
+    sched = build_schedule(job)
+    sim = Simulation(job, {r: sched.program(r) for r in classes}, TRUE, SimOptions(fold="all"),
+                     classes)
+    step = sim.run()
+    path = critical_path(sim, TRUE.p2p_latency_us * 1e-6)
+    assert path.step_s == pytest.approx(step)
+    assert path.retime(TRUE, job.cluster.gpu) == pytest.approx(step, rel=2e-3)
+    assert sum(path.parts(TRUE, job.cluster.gpu).values()) == pytest.approx(step, rel=2e-3)
+
+
+def test_the_fit_recovers_known_parameters_from_noisy_runs():
+    jobs = _jobs()
+    rng = np.random.default_rng(7)
+    measured = [p.step_s * float(np.exp(rng.normal(0, 0.02))) for p in predict(jobs, TRUE, 1)]
+    start = with_params(TRUE, [0.5 * v if name in ("efficiency", "mem_efficiency") else 2.0 * v
+                               for v, (_, name, _, _) in zip(
+                                   [getattr(TRUE if k is None else getattr(TRUE, k), n)
+                                    for k, n, _, _ in FREE], FREE)])
+    fit = fit_steps(jobs, measured, start, workers=1)
+    pred = np.array([p.step_s for p in predict(jobs, fit.cost, 1)])
+    err = pred / np.array(measured) - 1
+    assert np.median(np.abs(err)) < 0.03 and np.max(np.abs(err)) < 0.08
+    # what the runs pin down is recovered: the GEMMs' efficiency and the host's issue time
+    assert fit.params["gemm.efficiency"] == pytest.approx(0.6, rel=0.15)
+    assert fit.params["elementwise.host_us"] == pytest.approx(30.0, rel=0.25)
+    assert len(fit.rounds) == 3 and fit.rounds[-1]["fitted_median_abs_error"] < 0.03
+
+
+def test_a_path_is_found_for_every_kind_of_job():
+    for job in _jobs()[:6]:
+        path = simulate_path(job, TRUE)
+        assert path.step_s > 0 and sum(path.compute.values()) > 0

@@ -1,0 +1,144 @@
+"""The critical path of a simulated step, as counts the cost model can re-time.
+
+A step's time is the length of its critical path: from the op that ends last, back through
+whatever each op waited for last (the previous op of its stream, a dependency, the last
+member to reach a collective, the later side of a send/recv, or the host that issued it).
+Along that path the step time is a sum: compute ops (each the cost model's time of its
+kind, shape, FLOPs and bytes), the host's issue time up to the op it held back (counts of
+issued ops per kind), collectives, transfers, and waits nothing on the path explains. Under
+other cost parameters the same path re-times with a few hundred cost-model calls, so a fit
+over a thousand runs evaluates in a fraction of a second; the path is found again by
+simulating with the new parameters until it settles (``twin.calibrate.stepfit``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from twin.cost import CostModel
+from twin.schedule.ir import Op
+from twin.spec import GPUSpec
+
+
+@dataclass
+class CriticalPath:
+    """One simulated step's critical path, aggregated by what its cost depends on."""
+
+    step_s: float
+    compute: Counter = field(default_factory=Counter)
+    """Compute op (its kind, dtype, shape, FLOPs, bytes) -> times on the path."""
+    host: Counter = field(default_factory=Counter)
+    """Op kind -> ops the host issued before the op it held back ('comm' for collectives
+    and send/recv)."""
+    comm_s: float = 0.0
+    """Collectives on the path (measured fits: fixed while compute and host are fitted)."""
+    p2p_s: float = 0.0
+    """Send/recv transfers on the path, latency included."""
+    p2p_n: int = 0
+    """Send/recv transfers on the path (each pays the p2p latency)."""
+    p2p_latency_s: float = 0.0
+    """The p2p latency ``p2p_s`` was timed with."""
+    other_s: float = 0.0
+    """Waits on the path that none of the above explains."""
+
+    def retime(self, cost: CostModel, gpu: GPUSpec, p2p_latency_s: float | None = None) -> float:
+        """The path's length under ``cost`` (the path itself unchanged)."""
+        t = sum(n * cost.compute_time(op, gpu) for op, n in self.compute.items())
+        for kind, n in self.host.items():
+            us = cost.host_comm_us if kind == "comm" else cost.kernel(kind).host_us
+            t += n * us * 1e-6
+        lat = self.p2p_latency_s if p2p_latency_s is None else p2p_latency_s
+        return t + self.comm_s + self.p2p_s + self.p2p_n * (lat - self.p2p_latency_s) + self.other_s
+
+    def parts(self, cost: CostModel, gpu: GPUSpec) -> dict[str, float]:
+        """Seconds of the path per mechanism: compute per kind, host, collectives, p2p, other."""
+        out: dict[str, float] = {}
+        for op, n in self.compute.items():
+            out[op.kind] = out.get(op.kind, 0.0) + n * cost.compute_time(op, gpu)
+        host = sum(n * (cost.host_comm_us if k == "comm" else cost.kernel(k).host_us)
+                   for k, n in self.host.items()) * 1e-6
+        out.update(host=host, collectives=self.comm_s, p2p=self.p2p_s, other=self.other_s)
+        return out
+
+
+def _key(op: Op) -> Op:
+    """The op as a compute signature: what its cost depends on, nothing else."""
+    return Op(name="", kind=op.kind, stream="compute", dtype=op.dtype, shape=tuple(op.shape),
+              flops=float(op.flops), bytes=float(op.bytes))
+
+
+def critical_path(sim, p2p_latency_s: float = 0.0) -> CriticalPath:
+    """The critical path of a finished ``twin.sim.engine.Simulation`` (see the module
+    docstring). ``p2p_latency_s``: the latency each send/recv was timed with."""
+    ends = {r: e for r, e in sim.end.items() if len(e)}
+    rank = max(ends, key=lambda r: float(ends[r].max()))
+    i = int(ends[rank].argmax())
+    path = CriticalPath(step_s=float(ends[rank][i]), p2p_latency_s=p2p_latency_s)
+    before: dict[int, dict[int, int]] = {}
+    members: dict[tuple, list[tuple[int, int]]] = {}
+    for r, prog in sim.programs.items():
+        prev = before[r] = {}
+        for idx in sim.structure_of(r).streams.values():
+            prev.update(zip(idx[1:], idx))
+        for k, op in enumerate(prog.ops):
+            if op.is_collective:
+                members.setdefault(("c", op.group, op.name), []).append((r, k))
+            elif op.is_p2p:
+                src, dst = (r, op.peer) if op.kind == "send" else (op.peer, r)
+                members.setdefault(("p", src, dst, op.tag), []).append((r, k))
+    t = path.step_s
+    seen: set[tuple[int, int]] = set()
+    for _ in range(4 * sum(len(p.ops) for p in sim.programs.values()) + 16):
+        op = sim.programs[rank].ops[i]
+        seen.add((rank, i))
+        if op.is_collective or op.is_p2p:
+            key = ("c", op.group, op.name) if op.is_collective else \
+                ("p",) + ((rank, op.peer) if op.kind == "send" else (op.peer, rank)) + (op.tag,)
+            rank, i = max(members[key], key=lambda m: float(sim.start[m[0]][m[1]]))
+            op = sim.programs[rank].ops[i]
+            ready = float(sim.start[rank][i])
+            if op.is_p2p:
+                path.p2p_s += max(0.0, t - ready)
+                path.p2p_n += 1
+            else:
+                path.comm_s += max(0.0, t - ready)
+        else:
+            ready = float(sim.start[rank][i])
+            if op.is_compute:
+                path.compute[_key(op)] += 1
+                path.other_s += max(0.0, t - float(sim.end[rank][i]))
+        end = sim.end[rank]
+        cands = [(float(end[d]), 1, d) for d in op.deps]
+        j = before[rank].get(i)
+        if j is not None:
+            cands.append((float(end[j]), 1, j))
+        host = sim.structure_of(rank).host
+        sync = -1
+        if host is not None:
+            cands.append((host.issue_s[i], 0, -1))  # issued from the step's start
+            sync = host.sync_of[i]
+            if sync >= 0:  # or from the host's last wait for the device
+                w = max(host.waits[sync], key=lambda k: float(end[k]))
+                cands.append((float(end[w]) + host.offset_s(i), 0, w))
+        seen.add((rank, i))
+        # ties (zero-time ops, a host released at the instant a transfer ends) must not
+        # lead back to an op already on the path
+        cands = [c for c in cands if c[2] < 0 or (rank, c[2]) not in seen]
+        if not cands:
+            path.other_s += max(0.0, ready)
+            return path
+        when, is_op, j = max(cands)
+        path.other_s += max(0.0, ready - when)
+        if not is_op:  # the host held it back: count what it issued up to this op
+            first = sync + 1 if j >= 0 else 0
+            for o in sim.programs[rank].ops[first: i + 1]:
+                if o.is_compute:
+                    path.host[o.kind] += 1
+                elif o.is_collective or o.is_p2p:
+                    path.host["comm"] += 1
+            if j < 0:
+                return path
+            when = float(end[j])
+        i, t = j, when
+    raise RuntimeError("the critical path does not end: the trace has a cycle")

@@ -1,0 +1,215 @@
+"""Fit the cost model to measured step times of whole runs.
+
+Each run is simulated once with the current parameters and its critical path kept
+(``twin.calibrate.critical``); the parameters are then fitted on the paths by
+``scipy.optimize.least_squares`` (soft-L1 loss on log(predicted / measured), a weak pull
+towards the starting values so that what the data cannot tell apart stays where it was),
+and the runs are simulated again with the fitted values, whose paths may differ (a step
+that was host-bound may not be any more). Three rounds settle it. The schedule of a run
+never changes while its costs are fitted, so it is built once.
+
+What is fitted (``FREE``): per compute kind its efficiency (GEMM, attention), memory
+efficiency (attention, elementwise, optimizer), device launch overhead and host issue
+time, plus the host time of a collective and the latency of a send/recv. Collectives are
+not fitted here: their latency and bandwidth come from nccl-tests or ``paratwin bench``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+from scipy.sparse import csr_matrix
+
+from twin.calibrate.critical import CriticalPath, critical_path
+from twin.cost import CostModel
+from twin.schedule.builder import build_schedule
+from twin.sim.engine import SimOptions, Simulation, fold_classes
+from twin.spec import Job
+
+LAUNCH_MAX_US = 30.0
+"""A kernel's device-side overhead (launch gap, tail) is microseconds; a fixed cost per op
+beyond that is the host's (dispatch, autograd, several kernels per op), which the host
+issue time models: bounding the device side keeps the two apart."""
+FREE: tuple[tuple[str | None, str, float, float], ...] = (
+    # (kernel kind or None for the model itself, field, lower, upper)
+    ("gemm", "efficiency", 0.05, 1.0),
+    ("gemm", "tile_exponent", 0.01, 1.0),
+    ("gemm", "launch_us", 0.1, LAUNCH_MAX_US),
+    ("gemm", "host_us", 0.1, 500.0),
+    ("attention", "efficiency", 0.02, 1.0),
+    ("attention", "mem_efficiency", 0.02, 2.0),
+    ("attention", "launch_us", 0.1, LAUNCH_MAX_US),
+    ("attention", "host_us", 0.1, 1000.0),
+    ("elementwise", "mem_efficiency", 0.02, 2.0),
+    ("elementwise", "launch_us", 0.1, LAUNCH_MAX_US),
+    ("elementwise", "host_us", 0.1, 500.0),
+    ("optimizer", "mem_efficiency", 0.02, 2.0),
+    ("optimizer", "host_us", 0.1, 5000.0),
+    (None, "host_comm_us", 0.1, 1000.0),
+    (None, "p2p_latency_us", 0.1, 1000.0),
+)
+PRIOR_WEIGHT = 0.05
+"""Residual weight pulling each log-parameter towards its start (0.05: a factor e away
+costs as much as a 5% error on one run)."""
+ROUNDS = 3
+FOLD = "all"
+"""Runs are simulated folded: copies along dp and tp are exact (tests/sim fold tests)."""
+
+
+def get(cost: CostModel, kind: str | None, name: str) -> float:
+    obj = cost if kind is None else getattr(cost, kind)
+    v = getattr(obj, name)
+    return float(v) if v is not None else 1.0
+
+
+def with_params(cost: CostModel, values: Sequence[float], free=FREE) -> CostModel:
+    """``cost`` with the FREE fields set to ``values``."""
+    kinds: dict[str, dict] = {}
+    top: dict = {}
+    for (kind, name, _, _), v in zip(free, values):
+        if kind is None:
+            top[name] = float(v)
+        else:
+            kinds.setdefault(kind, {})[name] = float(v)
+    for kind, changes in kinds.items():
+        top[kind] = dataclasses.replace(getattr(cost, kind), **changes)
+    return dataclasses.replace(cost, **top)
+
+
+def p2p_latency_s(cost: CostModel) -> float:
+    return (cost.p2p_latency_us or 0.0) * 1e-6
+
+
+def simulate_path(job: Job, cost: CostModel) -> CriticalPath:
+    """One step of ``job`` under ``cost`` (folded) and its critical path."""
+    classes = fold_classes(job, FOLD)
+    schedule = build_schedule(job)
+    programs = {rep: schedule.program(rep) for rep in classes}
+    sim = Simulation(job, programs, cost, SimOptions(fold=FOLD), classes)
+    sim.run()
+    return critical_path(sim, p2p_latency_s(cost))
+
+
+def _paths(args: tuple[list[Job], CostModel]) -> list[CriticalPath]:
+    jobs, cost = args
+    return [simulate_path(j, cost) for j in jobs]
+
+
+def predict(jobs: Sequence[Job], cost: CostModel, workers: int | None = None,
+            progress: Callable[[int, int], None] | None = None) -> list[CriticalPath]:
+    """The critical path (and step time, ``.step_s``) of each job under ``cost``, simulated
+    in ``workers`` processes (default: the machine's cores)."""
+    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    chunk = max(1, math.ceil(len(jobs) / (workers * 8)))
+    parts = [list(jobs[i:i + chunk]) for i in range(0, len(jobs), chunk)]
+    out: list[CriticalPath] = []
+    if workers == 1:
+        for k, part in enumerate(parts):
+            out += _paths((part, cost))
+            if progress:
+                progress(min((k + 1) * chunk, len(jobs)), len(jobs))
+        return out
+    with ProcessPoolExecutor(workers) as pool:
+        for k, res in enumerate(pool.map(_paths, [(p, cost) for p in parts])):
+            out += res
+            if progress:
+                progress(min((k + 1) * chunk, len(jobs)), len(jobs))
+    return out
+
+
+@dataclass
+class StepFit:
+    """The fitted profile and how the fit went."""
+
+    cost: CostModel
+    params: dict[str, float]
+    residuals: list[float]
+    """log(predicted / measured) of the training runs, on their last paths."""
+    rounds: list[dict]
+    """Per round: its median and largest absolute error and seconds taken."""
+    seconds: float
+
+
+class _Retimer:
+    """Step times of fixed critical paths under parameter vectors, fast: the unique compute
+    ops of all paths are timed once per evaluation and summed through a sparse matrix."""
+
+    def __init__(self, paths: list[CriticalPath], gpu, base: CostModel, free=FREE):
+        self.gpu, self.base, self.free = gpu, base, free
+        index: dict = {}
+        rows, cols, vals = [], [], []
+        for r, p in enumerate(paths):
+            for op, n in p.compute.items():
+                rows.append(r)
+                cols.append(index.setdefault(op, len(index)))
+                vals.append(n)
+        self.ops = list(index)
+        self.counts = csr_matrix((vals, (rows, cols)), shape=(len(paths), len(self.ops)))
+        kinds = sorted({k for p in paths for k in p.host})
+        self.host_kinds = kinds
+        self.host = np.array([[p.host.get(k, 0) for k in kinds] for p in paths], float)
+        self.fixed = np.array([p.comm_s + p.p2p_s + p.other_s - p.p2p_n * p.p2p_latency_s
+                               for p in paths])
+        self.p2p_n = np.array([p.p2p_n for p in paths], float)
+
+    def __call__(self, values) -> np.ndarray:
+        cost = with_params(self.base, values, self.free)
+        times = np.array([cost.compute_time(op, self.gpu) for op in self.ops])
+        host_us = np.array([cost.host_comm_us if k == "comm" else cost.kernel(k).host_us
+                            for k in self.host_kinds])
+        host = self.host @ host_us * 1e-6 if self.host_kinds else 0.0
+        return self.counts @ times + host + self.fixed + self.p2p_n * p2p_latency_s(cost)
+
+
+def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
+              rounds: int = ROUNDS, workers: int | None = None, free=FREE,
+              log: Callable[[str], None] | None = None) -> StepFit:
+    """Fit ``free`` fields of ``base`` to the measured step times of ``jobs``."""
+    if len(jobs) != len(measured_s) or not jobs:
+        raise ValueError("fit_steps needs one measured step time per job, and some jobs")
+    t0 = time.perf_counter()
+    meas = np.asarray(measured_s, float)
+    if base.p2p_latency_us is None:
+        base = dataclasses.replace(base, p2p_latency_us=5.0)
+    lo = np.log([f[2] for f in free])
+    hi = np.log([f[3] for f in free])
+    x0 = np.clip(np.log([get(base, k, n) for k, n, _, _ in free]), lo + 1e-9, hi - 1e-9)
+    start = x0.copy()
+    cost, history, resid = base, [], np.zeros(len(jobs))
+    gpu = jobs[0].cluster.gpu
+    for k in range(rounds):
+        tr = time.perf_counter()
+        paths = predict(jobs, cost, workers)
+        sim_err = np.array([p.step_s for p in paths]) / meas - 1
+        retime = _Retimer(paths, gpu, base, free)
+
+        def residuals(x, retime=retime):
+            pred = retime(np.exp(x))
+            return np.concatenate([np.log(pred / meas), PRIOR_WEIGHT * (x - start)])
+
+        sol = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05,
+                            x_scale=1.0, max_nfev=200)
+        x0 = sol.x
+        cost = with_params(base, np.exp(sol.x), free)
+        resid = sol.fun[: len(jobs)]
+        history.append({"round": k + 1, "simulated_median_abs_error": float(np.median(np.abs(sim_err))),
+                        "simulated_max_abs_error": float(np.max(np.abs(sim_err))),
+                        "fitted_median_abs_error": float(np.median(np.abs(np.expm1(resid)))),
+                        "fitted_max_abs_error": float(np.max(np.abs(np.expm1(resid)))),
+                        "seconds": time.perf_counter() - tr})
+        if log:
+            h = history[-1]
+            log(f"round {k + 1}/{rounds}: simulated median |error| "
+                f"{h['simulated_median_abs_error']:.1%} -> fitted on the paths "
+                f"{h['fitted_median_abs_error']:.1%} (largest {h['fitted_max_abs_error']:.1%}), "
+                f"{h['seconds']:.0f} s")
+    params = {f"{k}.{n}" if k else n: float(v) for (k, n, _, _), v in zip(free, np.exp(x0))}
+    return StepFit(cost, params, [float(r) for r in resid], history, time.perf_counter() - t0)
