@@ -85,11 +85,20 @@ def job_from_cfg(cfg: DictConfig) -> Job:
 
 
 def load_profile(name, cluster) -> CostModel:
-    """A calibration profile by name (conf/profiles/NAME.yaml) or path; None: defaults.
+    """A calibration profile by name (conf/profiles/NAME.yaml) or path; None: the published
+    defaults; 'auto': conf/profiles/CLUSTER.yaml when it was fitted on this cluster, else the
+    defaults.
 
     ConfigError for a directory, a missing file or one that is not a valid profile; a
     warning when the profile was fitted on another cluster than ``cluster``."""
     if name is None:
+        return default_cost_model(cluster)
+    if str(name) == "auto":  # the cluster's own profile when one was fitted for it
+        own = CONF_DIR / "profiles" / f"{cluster.name}.yaml"
+        if own.is_file():
+            cost = CostModel.load(own)
+            if cost.cluster_mismatch(cluster) is None:
+                return cost
         return default_cost_model(cluster)
     text = str(name)
     profiles = CONF_DIR / "profiles"

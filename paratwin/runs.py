@@ -45,13 +45,18 @@ def column_map(name: str | None) -> ColumnMap | None:
 
 
 def _base(choices: tuple[tuple[str, str], ...]):
+    """The presets composed as `paratwin simulate` would (inside a verb: its Hydra)."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
     from paratwin.config import register_schemas
 
+    overrides = [f"{k}={v}" for k, v in choices]
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="simulate", overrides=overrides)
     register_schemas()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="simulate", overrides=[f"{k}={v}" for k, v in choices])
+        return compose(config_name="simulate", overrides=overrides)
 
 
 def jobs_from_runs(path: str | Path, columns: ColumnMap | None,

@@ -65,7 +65,8 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
     "simulate": (CONFIG, SUMMARY, TRACE, CHROME, REPORT),
     "execute": (CONFIG, SUMMARY, TRACE, CHROME, REPORT, SCHEDULE, SETTINGS, PROGRESS, STORE),
     "bench": (CONFIG, COLLECTIVES_CSV, KERNELS_CSV, BENCH_META, SETTINGS, PROGRESS, STORE),
-    "calibrate": (CONFIG, PROFILE, FITS, MODELLED, COLLECTIVES_CSV, KERNELS_CSV, BENCH_META),
+    "calibrate": (CONFIG, PROFILE, FITS, MODELLED, COLLECTIVES_CSV, KERNELS_CSV, BENCH_META,
+                  "runs_modelled.csv"),
     "validate": ("validate.json", REPORT),
 }
 

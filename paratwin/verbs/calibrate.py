@@ -142,6 +142,21 @@ def run(cfg) -> dict:
     fmt = cfg.get("format", "text")
     if fmt not in ("text", "json"):
         raise ConfigError(f"format={fmt!r} is not one of text|json")
+    if cfg.get("runs"):  # measured step times of whole runs, not microbenchmarks
+        from paratwin.fitruns import fit_from_runs, format_report
+
+        def path_for(cluster: ClusterSpec) -> tuple[Path, str]:
+            path = profile_path(cfg, cluster)
+            check_writable(path)
+            return path, str(cfg.get("name") or cluster.name)
+
+        def claim() -> Path:
+            return rundir.claim(out_dir(cfg, "calibrate"), "calibrate", bool(cfg.get("force", False)))
+
+        report = fit_from_runs(cfg, path_for, claim)
+        Path(report["run_dir"], "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        print(json.dumps(report, indent=2, default=float) if fmt == "json" else format_report(report))
+        return report
     cluster = to_spec(ClusterSpec, cfg.get("cluster"), "cluster")
     path = profile_path(cfg, cluster)
     check_writable(path)

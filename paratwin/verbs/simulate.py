@@ -130,6 +130,12 @@ def format_summary(job, s: dict, out: Path, chrome: str = "trace.json") -> str:
         f"  pipeline bubble {s['bubble_fraction']:.1%}   exposed communication: "
         + (", ".join(f"{g} {v * 1e3:.2f} ms" for g, v in s["exposed_comm_s"].items()) or "none"),
     ]
+    parts = s.get("critical_path_s") or {}
+    if parts:
+        total = sum(parts.values()) or 1.0
+        lines.append("  critical path: " + ", ".join(
+            f"{k} {v / total:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+            if v / total >= 0.005))
     peak, hbm = s["peak_memory_max_bytes"], job.cluster.hbm_bytes
     worst = max(s["peak_memory_bytes"], key=lambda r: s["peak_memory_bytes"][r])
     if s["fits_memory"]:

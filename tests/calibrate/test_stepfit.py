@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import gpt
-from twin.calibrate.critical import critical_path
 from twin.calibrate.stepfit import FREE, fit_steps, predict, simulate_path, with_params
 from twin.cost import CostModel, KernelCost
 from twin.schedule.builder import build_schedule
+from twin.sim.critical import critical_path
 from twin.sim.engine import SimOptions, Simulation, fold_classes
 from twin.spec import ClusterSpec, GPUSpec, ParallelPlan, build_job
 

@@ -93,7 +93,7 @@ def test_suspicious_inputs_are_not_accepted_silently(tmp_path):
     """Legal but without effect, or from another machine: a warning line, the run goes on."""
     cases = [(("model=tiny", "cluster=dgx_h100", "parallel=ddp", "calibration=cpu_local"),
               "cpu_local"),
-             ((*T, "parallel=ddp", "jitter=true", "steps=2"), "noise"),
+             ((*T, "parallel=ddp", "jitter=true", "steps=2", "calibration=null"), "noise"),
              ((*T, "parallel=ddp", "whatif.straggler_factor=2"), "straggler_rank")]
     for args, text in cases:
         out = paratwin("simulate", *args, "report=false", f"out_dir={tmp_path / text}",

@@ -28,9 +28,9 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.sparse import csr_matrix
 
-from twin.calibrate.critical import CriticalPath, critical_path
-from twin.cost import CostModel
+from twin.cost import CostModel, KernelCost
 from twin.schedule.builder import build_schedule
+from twin.sim.critical import CriticalPath, critical_path
 from twin.sim.engine import SimOptions, Simulation, fold_classes
 from twin.spec import Job
 
@@ -62,6 +62,23 @@ costs as much as a 5% error on one run)."""
 ROUNDS = 3
 FOLD = "all"
 """Runs are simulated folded: copies along dp and tp are exact (tests/sim fold tests)."""
+
+
+def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None = None) -> CostModel:
+    """Where a fit from runs starts: ``base`` with every mechanism on at a typical size
+    (GEMM tiles of 128 on a GPU with known SMs, tens of microseconds of host time per op,
+    a send/recv latency), so that the first simulation already shows which runs are
+    host-bound; ``p2p_host_sync``: the framework synchronizes after send/recv (Megatron)."""
+    def kernel(kind: str, host_us: float, **more) -> KernelCost:
+        k = getattr(base, kind)
+        return dataclasses.replace(k, host_us=k.host_us or host_us, half_flops=0.0, **more)
+
+    tile = {"tile": 128} if sm_count else {}
+    return dataclasses.replace(
+        base, gemm=kernel("gemm", 60.0, **tile), attention=kernel("attention", 100.0),
+        elementwise=kernel("elementwise", 60.0), optimizer=kernel("optimizer", 100.0),
+        host_comm_us=base.host_comm_us or 60.0, p2p_latency_us=base.p2p_latency_us or 10.0,
+        p2p_host_sync=base.p2p_host_sync if p2p_host_sync is None else p2p_host_sync)
 
 
 def get(cost: CostModel, kind: str | None, name: str) -> float:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from twin.cost import CostModel, default_cost_model
 from twin.metrics import summarize
 from twin.schedule.builder import build_schedule
+from twin.sim.critical import critical_path
 from twin.sim.engine import SimOptions, Simulation, fold_classes
 from twin.sim.records import folded_axes
 from twin.sim.whatif import check_options, warn_idle_links
@@ -174,6 +175,7 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
         step = sim.run()
         if not k:
             warn_idle_links(sim, options)
+            parts = critical_path(sim, (cost.p2p_latency_us or 0.0) * 1e-6).parts(cost, job.cluster.gpu)
         step_times.append(step)
         events += sim.events + sim.fabric.flows_done
         for r in record:
@@ -192,5 +194,8 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
         "source": "twin",
         "simulated_ranks": len(programs), "fold": options.fold, "events": events,
         "wall_s": wall, "events_per_s": events / wall if wall else 0.0, "ops": n_ops * steps,
-        "profile": cost.name, "jitter": options.jitter, "seed": options.seed})
+        "profile": cost.name, "jitter": options.jitter, "seed": options.seed,
+        # what the first step's critical path spends its time on: compute per kind, the
+        # host issuing ops, collectives, send/recv, waits nothing explains
+        "critical_path_s": {key: v for key, v in parts.items() if v > 0}})
     return SimResult(trace, summary)

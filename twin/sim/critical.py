@@ -8,7 +8,8 @@ kind, shape, FLOPs and bytes), the host's issue time up to the op it held back (
 issued ops per kind), collectives, transfers, and waits nothing on the path explains. Under
 other cost parameters the same path re-times with a few hundred cost-model calls, so a fit
 over a thousand runs evaluates in a fraction of a second; the path is found again by
-simulating with the new parameters until it settles (``twin.calibrate.stepfit``).
+simulating with the new parameters until it settles (``twin.calibrate.stepfit``). Every
+simulation's summary reports the parts of its first step's path (``critical_path_s``).
 """
 
 from __future__ import annotations

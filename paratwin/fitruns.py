@@ -1,0 +1,181 @@
+"""`paratwin calibrate runs=FILE`: the cost model fitted to measured step times of whole runs.
+
+Every row of the runs file becomes a job (``paratwin.runs``) before anything is fitted; a
+bad row stops the verb in one line and nothing is written. Collectives come from
+nccl-tests outputs (``nccl_tests=``) or keep the base profile's. The fit
+(``twin.calibrate.stepfit``) is cross-validated first: k folds (``folds=``) or a named
+hold-out (``holdout=model.hidden_size==2048``), each row predicted by the full simulator
+under a fit that never saw it, with the figures a user choosing a plan needs
+(``twin.calibrate.accuracy``). Then the fit on every row is written as the profile.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import glob
+import io
+import operator
+import re
+import sys
+from pathlib import Path
+
+from paratwin.runs import RunJob, column_map, jobs_from_runs
+from twin import rundir
+from twin.calibrate.accuracy import Scored, holdout, kfold, score
+from twin.calibrate.nccl_tests import NcclTestsError, read_nccl_tests
+from twin.calibrate.profile import fit_collectives
+from twin.calibrate.stepfit import fit_start, fit_steps, predict
+from twin.cost import default_cost_model
+from twin.files import write_text_atomic
+from twin.spec import ConfigError
+
+RUNS_MODELLED = "runs_modelled.csv"
+COLUMNS = ["line", "name", "measured_s", "predicted_s", "error", "split"]
+_OPS = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, ">=": operator.ge,
+        "<": operator.lt, ">": operator.gt}
+
+
+def holdout_test(expr: str):
+    """``KEY OP VALUE`` (``model.hidden_size==2048``) as a test of a RunJob."""
+    m = re.fullmatch(r"\s*([A-Za-z_][\w.]*)\s*(==|!=|<=|>=|<|>)\s*(\S+)\s*", str(expr))
+    if not m:
+        raise ConfigError(f"holdout={expr!r} must be KEY OP VALUE, e.g. holdout=model.hidden_size==2048")
+    key, op, raw = m.groups()
+    try:
+        value = float(raw)
+    except ValueError:
+        value = raw
+
+    def test(rj: RunJob) -> bool:
+        obj = rj.job
+        for part in key.split("."):
+            if not hasattr(obj, part):
+                raise ConfigError(f"holdout={expr!r}: the jobs have no field {key}")
+            obj = getattr(obj, part)
+        try:
+            return bool(_OPS[op](float(obj) if isinstance(value, float) else str(obj), value))
+        except (TypeError, ValueError):
+            return False
+
+    return test
+
+
+def nccl_files(spec) -> list[Path]:
+    """Files named by ``nccl_tests=`` (paths or glob patterns)."""
+    items = [spec] if isinstance(spec, str) else list(spec or [])
+    out: list[Path] = []
+    for item in items:
+        hits = sorted(glob.glob(str(item)))
+        if not hits:
+            raise ConfigError(f"nccl_tests: {item} matches no file")
+        out += [Path(h) for h in hits]
+    return out
+
+
+def _model(job) -> str:
+    return f"{job.model.name} h{job.model.hidden_size} L{job.model.num_layers}"
+
+
+def _group(job) -> tuple:
+    return (_model(job), job.grid.world_size, job.parallel.global_batch_size)
+
+
+def fit_from_runs(cfg, path_for, claim) -> dict:
+    """The runs workflow (see the module docstring); ``path_for(cluster)`` says where the
+    profile goes and ``claim()`` makes the run directory, both once every row has become a
+    job (a bad row writes nothing). Returns what format=json prints."""
+    rows = jobs_from_runs(str(cfg.runs), column_map(cfg.get("runs_columns")))
+    clusters = {r.job.cluster.name for r in rows}
+    if len(clusters) > 1:
+        raise ConfigError(f"runs={cfg.runs} mixes clusters {sorted(clusters)}; a profile describes "
+                          "one: split the file")
+    cluster = rows[0].job.cluster
+    profile_path, name = path_for(cluster)
+    run_dir = claim()
+    base = default_cost_model(cluster)
+    files = nccl_files(cfg.get("nccl_tests"))
+    if files:
+        try:
+            points = [p for f in files for p in read_nccl_tests(f)]
+        except NcclTestsError as err:
+            raise ConfigError(str(err)) from None
+        base = dataclasses.replace(base, collective_fits=fit_collectives(points)[0])
+    sync = cfg.get("p2p_host_sync")
+    start = fit_start(base, cluster.gpu.sm_count, None if sync is None else bool(sync))
+    workers = int(cfg.get("workers") or 2)
+
+    def say(message: str) -> None:
+        print(f"paratwin calibrate: {message}", file=sys.stderr, flush=True)
+
+    def fit(subset: list[RunJob]):
+        return fit_steps([r.job for r in subset], [r.run.step_time_s for r in subset], start,
+                         workers=workers, log=lambda m: say("  " + m))
+
+    preds: dict[int, tuple[float, str]] = {}
+    splits: list[tuple[list[int], list[int], str]] = []
+    if cfg.get("holdout"):
+        tr, te = holdout(rows, holdout_test(str(cfg.holdout)))
+        splits.append((tr, te, f"holdout {cfg.holdout}"))
+    elif int(cfg.get("folds") or 0) > 1:
+        k = int(cfg.folds)
+        for j, test in enumerate(kfold(len(rows), k, seed=0)):
+            t = set(test.tolist())
+            splits.append(([i for i in range(len(rows)) if i not in t], sorted(t), f"fold {j + 1}/{k}"))
+    for tr, te, label in splits:
+        say(f"{label}: fitting on {len(tr)} rows, predicting {len(te)} ...")
+        fitted = fit([rows[i] for i in tr])
+        for i, p in zip(te, predict([rows[i].job for i in te], fitted.cost, workers)):
+            preds[i] = (p.step_s, label)
+    held = None
+    if preds:
+        held = score([Scored(_model(rows[i].job), _group(rows[i].job), rows[i].run.step_time_s, t)
+                      for i, (t, _) in sorted(preds.items())])
+    say(f"fitting on all {len(rows)} rows ...")
+    final = fit(rows)
+    prov = {"source": f"measured runs {cfg.runs}", "cluster": cluster.name,
+            "gpus": [cluster.gpu.name], "rows": len(rows), "fit_seconds": round(final.seconds, 1),
+            "nccl_tests": [str(f) for f in files]}
+    if held:
+        prov["held_out"] = {k: held[k] for k in ("rows", "mean_abs_error", "median_abs_error",
+                                                 "max_abs_error", "spearman_min", "regret_mean")}
+    profile = dataclasses.replace(final.cost, name=name, provenance=prov)
+    profile_path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(profile_path)
+    profile.save(run_dir / rundir.PROFILE)
+    report = {"profile": str(profile_path), "run_dir": str(run_dir), "rows": len(rows),
+              "params": final.params,
+              "rounds": final.rounds, "fit_seconds": final.seconds, "held_out": held}
+    rundir.write_json(run_dir / rundir.FITS, report)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS)
+    w.writeheader()
+    for i, r in enumerate(rows):
+        t, label = preds.get(i, (None, ""))
+        w.writerow({"line": r.run.line, "name": r.run.name, "measured_s": r.run.step_time_s,
+                    "predicted_s": "" if t is None else t,
+                    "error": "" if t is None else t / r.run.step_time_s - 1, "split": label})
+    write_text_atomic(run_dir / RUNS_MODELLED, buf.getvalue())
+    return report
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def format_report(report: dict) -> str:
+    lines = [f"profile -> {report['profile']} (fitted on {report['rows']} runs in "
+             f"{report['fit_seconds']:.0f} s)"]
+    h = report.get("held_out")
+    if h:
+        lines.append(f"held out ({h['rows']} rows, each predicted by a fit that never saw it): "
+                     f"mean |error| {_pct(h['mean_abs_error'])}, median "
+                     f"{_pct(h['median_abs_error'])}, largest {_pct(h['max_abs_error'])}; Spearman "
+                     f"per model min {_num(h['spearman_min'])}, median {_num(h['spearman_median'])}; "
+                     f"top-1 regret mean {_pct(h['regret_mean'])}, largest {_pct(h['regret_max'])}")
+    lines.append("parameters: " + ", ".join(f"{k} {v:.3g}" for k, v in report["params"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""`paratwin calibrate runs=FILE`: a profile from measured step times, cross-validated; a bad
+row is one line naming it, and nothing is written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+ROWS = [  # model, parallel preset, tp, dp, micro-batch, step time (ms): made-up measurements
+    ("tiny", "ddp", 1, 2, 1, 41.0), ("tiny", "ddp", 1, 2, 2, 63.0), ("tiny", "tp", 2, 1, 1, 55.0),
+    ("tiny", "tp", 2, 1, 2, 80.0), ("tiny", "ddp", 1, 2, 4, 110.0), ("tiny", "tp", 2, 1, 4, 131.0),
+]
+
+
+def _runs(tmp_path, rows=ROWS):
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["name", "model", "cluster", "parallel", "parallel.tp", "parallel.dp",
+                    "parallel.micro_batch_size", "parallel.global_batch_size", "step_time_ms"])
+        for k, (m, p, tp, dp, mb, ms) in enumerate(rows):
+            w.writerow([f"r{k}", m, "cpu_local", p, tp, dp, mb, mb * dp * 2, ms])
+    return path
+
+
+def paratwin(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "paratwin.main", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+def test_a_profile_from_measured_runs_cross_validated(tmp_path):
+    out = paratwin("calibrate", f"runs={_runs(tmp_path)}", "folds=2", "workers=1",
+                   f"out={tmp_path / 'p.yaml'}", f"out_dir={tmp_path / 'c'}", "format=json",
+                   cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert report["rows"] == 6 and report["held_out"]["rows"] == 6
+    assert (tmp_path / "p.yaml").is_file() and (tmp_path / "c" / "profile.yaml").is_file()
+    with open(tmp_path / "c" / "runs_modelled.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 6 and all(float(r["predicted_s"]) > 0 for r in rows)
+    assert {r["split"] for r in rows} == {"fold 1/2", "fold 2/2"}
+    sim = paratwin("simulate", "model=tiny", "cluster=cpu_local", "parallel=ddp",
+                   f"calibration={tmp_path / 'p.yaml'}", "report=false", "format=json",
+                   f"out_dir={tmp_path / 's'}", cwd=tmp_path)
+    assert sim.returncode == 0, sim.stderr
+
+
+def test_a_bad_row_is_named_and_nothing_is_written(tmp_path):
+    bad = list(ROWS)
+    bad[1] = ("tiny", "ddp", 1, 2, 1, -3.0)
+    out = paratwin("calibrate", f"runs={_runs(tmp_path, bad)}", f"out={tmp_path / 'p.yaml'}",
+                   f"out_dir={tmp_path / 'c'}", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "line 3: step_time_ms=-3.0 must be a positive number" in out.stderr
+    assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "c").exists()
+    bad[1] = ("tiny", "tp", 3, 1, 1, 50.0)  # a config that cannot work
+    out = paratwin("calibrate", f"runs={_runs(tmp_path, bad)}", f"out={tmp_path / 'p.yaml'}",
+                   f"out_dir={tmp_path / 'd'}", cwd=tmp_path)
+    assert out.returncode == 2 and "r1:" in out.stderr and "tp" in out.stderr
+    assert not (tmp_path / "p.yaml").exists()
