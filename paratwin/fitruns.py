@@ -30,8 +30,7 @@ from twin.cost import default_cost_model
 from twin.files import write_text_atomic
 from twin.spec import ConfigError
 
-RUNS_MODELLED = "runs_modelled.csv"
-COLUMNS = ["line", "name", "measured_s", "predicted_s", "error", "split"]
+COLUMNS = ["line", "name", "model", "measured_s", "predicted_s", "error", "split"]
 _OPS = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, ">=": operator.ge,
         "<": operator.lt, ">": operator.gt}
 
@@ -147,16 +146,57 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
               "params": final.params,
               "rounds": final.rounds, "fit_seconds": final.seconds, "held_out": held}
     rundir.write_json(run_dir / rundir.FITS, report)
+    write_runs_table(run_dir, rows, preds)
+    return report
+
+
+def write_runs_table(run_dir: Path, rows: list[RunJob], preds: dict[int, tuple[float, str]]) -> Path:
+    """runs_modelled.csv: each row measured and predicted (by a fit that never saw it)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS)
     w.writeheader()
     for i, r in enumerate(rows):
         t, label = preds.get(i, (None, ""))
-        w.writerow({"line": r.run.line, "name": r.run.name, "measured_s": r.run.step_time_s,
-                    "predicted_s": "" if t is None else t,
+        w.writerow({"line": r.run.line, "name": r.run.name, "model": _model(r.job),
+                    "measured_s": r.run.step_time_s, "predicted_s": "" if t is None else t,
                     "error": "" if t is None else t / r.run.step_time_s - 1, "split": label})
-    write_text_atomic(run_dir / RUNS_MODELLED, buf.getvalue())
+    return write_text_atomic(run_dir / rundir.RUNS_MODELLED, buf.getvalue())
+
+
+def validate_runs(cfg, claim, load_profile) -> dict:
+    """`paratwin validate runs=FILE`: the twin (profile ``calibration=``) against every row."""
+    rows = jobs_from_runs(str(cfg.runs), column_map(cfg.get("runs_columns")))
+    profiles: dict[str, object] = {}
+    for r in rows:
+        if r.job.cluster.name not in profiles:
+            profiles[r.job.cluster.name] = load_profile(cfg.get("calibration"), r.job.cluster)
+    run_dir = claim()
+    preds: dict[int, tuple[float, str]] = {}
+    workers = int(cfg.get("workers") or 2)
+    for name, cost in profiles.items():
+        idx = [i for i, r in enumerate(rows) if r.job.cluster.name == name]
+        for i, p in zip(idx, predict([rows[i].job for i in idx], cost, workers)):
+            preds[i] = (p.step_s, "")
+    result = score([Scored(_model(r.job), _group(r.job), r.run.step_time_s, preds[i][0])
+                    for i, r in enumerate(rows)])
+    write_runs_table(run_dir, rows, preds)
+    report = {"runs": str(cfg.runs), "rows": len(rows), "out_dir": str(run_dir),
+              "profiles": {k: getattr(v, "name", "") for k, v in profiles.items()}, **result}
+    rundir.write_json(run_dir / "validate.json", report)
     return report
+
+
+def format_validation(report: dict) -> str:
+    lines = [f"{report['rows']} measured runs ({report['runs']}) against the twin "
+             f"(profile {', '.join(report['profiles'].values())}):",
+             f"  mean |error| {_pct(report['mean_abs_error'])}, median "
+             f"{_pct(report['median_abs_error'])}, largest {_pct(report['max_abs_error'])}; "
+             f"{report['too_fast']} of {report['rows']} predicted too fast",
+             f"  Spearman per model: min {_num(report['spearman_min'])}, median "
+             f"{_num(report['spearman_median'])}; top-1 regret over {report['groups']} plan "
+             f"groups: mean {_pct(report['regret_mean'])}, largest {_pct(report['regret_max'])}",
+             f"  {report['out_dir']}: validate.json, runs_modelled.csv, report.html"]
+    return "\n".join(lines)
 
 
 def _pct(x) -> str:

@@ -20,6 +20,7 @@ RUN_DIR/
   meta.json          paratwin bench: the machine
   profile.yaml       paratwin calibrate: the fitted profile; fits.json: its residuals
   modelled.csv       paratwin calibrate: each benchmarked point, measured and modelled
+  runs_modelled.csv  calibrate/validate runs=: each measured run, measured and predicted
   paratwin.json      which verb wrote the directory, and when (``claim``)
 ```
 
@@ -57,6 +58,7 @@ BENCH_META = "meta.json"
 PROFILE = "profile.yaml"
 FITS = "fits.json"
 MODELLED = "modelled.csv"
+RUNS_MODELLED = "runs_modelled.csv"
 OWNER = "paratwin.json"
 OWNER_FORMAT = "paratwin-run"
 
@@ -66,8 +68,8 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
     "execute": (CONFIG, SUMMARY, TRACE, CHROME, REPORT, SCHEDULE, SETTINGS, PROGRESS, STORE),
     "bench": (CONFIG, COLLECTIVES_CSV, KERNELS_CSV, BENCH_META, SETTINGS, PROGRESS, STORE),
     "calibrate": (CONFIG, PROFILE, FITS, MODELLED, COLLECTIVES_CSV, KERNELS_CSV, BENCH_META,
-                  "runs_modelled.csv"),
-    "validate": ("validate.json", REPORT),
+                  RUNS_MODELLED),
+    "validate": ("validate.json", REPORT, RUNS_MODELLED),
 }
 
 

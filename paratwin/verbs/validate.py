@@ -114,6 +114,20 @@ def run(cfg) -> dict:
     fmt = cfg.get("format", "text")
     if fmt not in ("text", "json"):
         raise ConfigError(f"format={fmt!r} is not one of text|json")
+    if cfg.get("runs"):  # a file of measured runs (the user's own logs), nothing executed
+        from paratwin.fitruns import format_validation, validate_runs
+
+        def claim() -> Path:
+            return rundir.claim(out_dir(cfg, "validate"), "validate", bool(cfg.get("force", False)))
+
+        report = validate_runs(cfg, claim, load_profile)
+        if cfg.get("report", True):
+            from twin.report import write_report
+
+            write_report([report["out_dir"]])
+        print(json.dumps(report, indent=2, default=float) if fmt == "json"
+              else format_validation(report))
+        return report
     presets = sorted(p.stem for p in (CONF_DIR / "parallel")
                      .glob("*.yaml"))
     suite = list(cfg.get("suite") or [])

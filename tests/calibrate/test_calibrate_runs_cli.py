@@ -61,3 +61,17 @@ def test_a_bad_row_is_named_and_nothing_is_written(tmp_path):
                    f"out_dir={tmp_path / 'd'}", cwd=tmp_path)
     assert out.returncode == 2 and "r1:" in out.stderr and "tp" in out.stderr
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_validate_holds_the_twin_against_a_runs_file_and_draws_it(tmp_path):
+    out = paratwin("validate", f"runs={_runs(tmp_path)}", "workers=1", f"out_dir={tmp_path / 'v'}",
+                   "format=json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout)
+    assert res["rows"] == 6 and res["max_abs_error"] >= res["mean_abs_error"] > 0
+    with open(tmp_path / "v" / "runs_modelled.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 6 and len({r["model"] for r in rows}) == 1 and rows[0]["model"].startswith("tiny")
+    assert all(float(r["predicted_s"]) > 0 for r in rows)
+    html = (tmp_path / "v" / "report.html").read_text()
+    assert "measured runs" in html and "mean |error|" in html

@@ -15,6 +15,7 @@ from pathlib import Path
 from twin.chrome import write_chrome
 from twin.report import calibration, memory, overlay, summary, sweep, timeline
 from twin.report import rundir as rd
+from twin.report import runs as runs_figure
 from twin.report.html import Section, write
 from twin.report.style import duration
 from twin.rundir import REPORT, RunDirError, check_replace, chrome_path
@@ -139,6 +140,21 @@ def calibration_sections(runs: list[rd.Run], model: calibration.Model | None = N
     return out
 
 
+def measured_runs_sections(runs: list[rd.Run]) -> list[Section]:
+    out = []
+    for r in runs:
+        path = r.path / runs_figure.FILE
+        if path.is_file():
+            rows = runs_figure.read_rows(path)
+            if rows:
+                err = sorted(abs(x["error"]) for x in rows)
+                note = (f"{len(rows)} measured runs in {path.name}: mean |error| "
+                        f"{sum(err) / len(err):.1%}, largest {err[-1]:.1%}.")
+                out.append(Section(f"runs-{len(out)}", f"measured runs: {r.name}",
+                                   _html.escape(note), [runs_figure.scatter(rows)]))
+    return out
+
+
 def summary_sections(runs: list[rd.Run]) -> list[Section]:
     if not any(r.summary for r in runs):
         return []
@@ -157,7 +173,8 @@ def sections(runs: list[rd.Run], opts: Options) -> list[Section]:
              ("timeline and memory", lambda: trace_sections(runs, opts)),
              ("twin vs real", lambda: overlay_sections(runs, opts)),
              ("sweep", lambda: sweep_sections(runs)),
-             ("calibration", lambda: calibration_sections(runs, opts.model))]
+             ("calibration", lambda: calibration_sections(runs, opts.model)),
+             ("measured runs", lambda: measured_runs_sections(runs))]
     out: list[Section] = []
     for name, make in parts:
         try:

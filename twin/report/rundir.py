@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from twin.rundir import CONFIG, SUMMARY, find_trace, read_summary
+from twin.rundir import CONFIG, RUNS_MODELLED, SUMMARY, find_trace, read_summary
 from twin.spec import ClusterSpec, Job
 from twin.spec.io import cluster_from_dict, job_from_dict
 from twin.trace import Trace
@@ -126,7 +126,7 @@ def job_from_config(cfg: dict) -> Job | None:
 
 def is_run_dir(path: Path) -> bool:
     return (path / SUMMARY).is_file() or find_trace(path) is not None or \
-        any(csv_kind(p) for p in path.glob("*.csv"))
+        any(csv_kind(p) for p in path.glob("*.csv")) or (path / RUNS_MODELLED).is_file()
 
 
 def expand(paths: list[str | Path]) -> list[Path]:
@@ -189,7 +189,8 @@ def load(path: str | Path, summarize: Summarizer | None = None) -> Run:
     run.bench_csvs = [p for p, k in kinds.items() if k in ("collective", "kernel")]
     run.modelled_path = next((p for p, k in kinds.items() if k == "modelled"), None)
     run.profile_path = _find_profile(path)
-    if run.summary is None and run.trace is None and not run.bench_csvs and run.modelled_path is None:
+    if run.summary is None and run.trace is None and not run.bench_csvs and \
+            run.modelled_path is None and not (path / RUNS_MODELLED).is_file():
         raise FileNotFoundError(
             f"{path} holds no paratwin trace (spans.json), summary.json or benchmark CSV; "
             "make one with `paratwin simulate out_dir=DIR` (or execute / bench)")
