@@ -51,3 +51,12 @@ def test_summary_table_quotes_the_numbers(runs):
         assert label in html
     assert f"{run.summary['tokens_per_s']:,.0f}" in html
     assert summary.plan_label(run) == "dp2 tp2 pp2 zero1 sp 1f1b"
+
+
+def test_critical_path_bars_add_up_to_the_summary(runs):
+    run = rd.load(runs["pp"])
+    parts = run.summary["critical_path_s"]
+    assert parts and sum(parts.values()) == pytest.approx(run.summary["step_time_s"], rel=2e-3)
+    fig = summary.critical_path_figure([run])
+    assert {t.name for t in fig.data} == set(parts) and fig.layout.barmode == "stack"
+    assert sum(t.x[0] for t in fig.data) == pytest.approx(sum(parts.values()) * 1e3)

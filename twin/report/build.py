@@ -158,12 +158,12 @@ def measured_runs_sections(runs: list[rd.Run]) -> list[Section]:
 def summary_sections(runs: list[rd.Run]) -> list[Section]:
     if not any(r.summary for r in runs):
         return []
-    fig = summary.breakdown_figure(runs)
+    figs = [f for f in (summary.breakdown_figure(runs), summary.critical_path_figure(runs)) if f]
     derived = [r.name for r in runs if r.summary_derived]
     note = "The numbers to quote (median step)." + (
         f" No summary.json in {', '.join(derived)}: computed from the trace." if derived else "")
-    return [Section("summary", "summary", _html.escape(note),
-                    [fig] if fig else [], html=summary.summary_table(runs))]
+    return [Section("summary", "summary", _html.escape(note), figs,
+                    html=summary.summary_table(runs))]
 
 
 def sections(runs: list[rd.Run], opts: Options) -> list[Section]:

@@ -100,3 +100,33 @@ def breakdown_figure(runs: list[Run]) -> go.Figure | None:
                       margin={"l": 120, "r": 20, "t": 50, "b": 45}, yaxis={"autorange": "reversed"},
                       plot_bgcolor="#fbfbfb")
     return fig
+
+
+CRITICAL_COLOURS = {"gemm": "#3366CC", "attention": "#0099C6", "elementwise": "#66AA00",
+                    "optimizer": "#990099", "host": "#DC3912", "collectives": "#FF9900",
+                    "p2p": "#B82E2E", "other": "#BBBBBB"}
+
+
+def critical_path_figure(runs: list[Run]) -> go.Figure | None:
+    """What each twin run's critical path spends its time on (summary.json's
+    critical_path_s): stacked bars, one per run, one colour per mechanism."""
+    named = [r for r in runs if r.summary and r.summary.get("critical_path_s")]
+    if not named:
+        return None
+    keys: list[str] = []
+    for r in named:
+        keys += [k for k in r.summary["critical_path_s"] if k not in keys]
+    keys.sort(key=lambda k: list(CRITICAL_COLOURS).index(k) if k in CRITICAL_COLOURS else 99)
+    fig = go.Figure()
+    names = [r.name for r in named]
+    for k in keys:
+        vals = [r.summary["critical_path_s"].get(k, 0.0) * 1e3 for r in named]
+        fig.add_trace(go.Bar(y=names, x=vals, name=k, orientation="h",
+                             marker_color=CRITICAL_COLOURS.get(k, "#888"),
+                             hovertemplate=f"{k}: %{{x:.4g}} ms<extra>%{{y}}</extra>"))
+    fig.update_layout(barmode="stack", title={"text": "the step's critical path by mechanism "
+                      "(compute per kind, the host issuing ops, collectives, send/recv)",
+                      "font": {"size": 14}}, xaxis_title="ms",
+                      height=int(160 + 40 * len(named)), yaxis={"autorange": "reversed"},
+                      margin={"l": 120, "r": 20, "t": 50, "b": 45}, plot_bgcolor="#fbfbfb")
+    return fig
