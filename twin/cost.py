@@ -80,6 +80,9 @@ class CostModel:
     """Fixed cost of every collective (NCCL baseLat, ring, Simple: 8.4 us)."""
     host_comm_us: float = 0.0
     """Host time to issue one collective or send/recv (see KernelCost.host_us)."""
+    host_comm_per_rank_us: float = 0.0
+    """Host time a collective adds per member of its group (connections and channels NCCL
+    sets up and launches on: larger groups cost the issuing host more)."""
     p2p_host_sync: bool = False
     """The host waits for each batch of send/recv ops and the work before it to finish
     before issuing more (Megatron: batch_isend_irecv, then torch.cuda.synchronize())."""
@@ -143,7 +146,9 @@ class CostModel:
         """Seconds the host spends issuing ``op`` (0 for memory bookkeeping)."""
         if op.is_compute:
             return self.kernel(op.kind, op.dtype).host_us * 1e-6
-        if op.is_collective or op.is_p2p:
+        if op.is_collective:
+            return (self.host_comm_us + self.host_comm_per_rank_us * len(op.group)) * 1e-6
+        if op.is_p2p:
             return self.host_comm_us * 1e-6
         return 0.0
 
@@ -236,6 +241,7 @@ LINK_RANGES = {"bw_efficiency": (_POSITIVE, "fraction of the line rate reached")
                "latency_us": (_NON_NEGATIVE, "per-hop latency, us; null: the cluster's")}
 SCALAR_RANGES = {"base_latency_us": (_NON_NEGATIVE, "fixed cost of a collective, us"),
                  "host_comm_us": (_NON_NEGATIVE, "host time to issue a collective, us"),
+                 "host_comm_per_rank_us": (_NON_NEGATIVE, "host time per group member, us"),
                  "p2p_latency_us": (_NON_NEGATIVE, "fixed cost of a send/recv, us"),
                  "overlap_slowdown": (_NON_NEGATIVE, "0.2: compute 20% slower beside comm"),
                  "cores_effective": (_POSITIVE, "cores the ranks share"),

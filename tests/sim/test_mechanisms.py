@@ -123,3 +123,11 @@ def test_the_host_waits_for_a_send_recv_batch_when_it_synchronizes(sync):
     else:
         # right after a (issued at 0.1 ms, 1 ms long), long before the send ends
         assert b_start == pytest.approx(float(sim.end[0][0]), rel=1e-9) == pytest.approx(1.1e-3)
+
+
+def test_a_collectives_host_time_grows_with_its_group():
+    cost = dataclasses.replace(_cost(), host_comm_us=10.0, host_comm_per_rank_us=3.0)
+    ar = Op(name="ar", kind="all_reduce", stream="comm", group=tuple(range(8)), bytes=1.0)
+    send = Op(name="s", kind="send", stream="p2p", peer=1, tag="x", bytes=1.0)
+    assert cost.host_time(ar) == pytest.approx((10.0 + 3.0 * 8) * 1e-6)
+    assert cost.host_time(send) == pytest.approx(10.0e-6)

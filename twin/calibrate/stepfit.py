@@ -31,6 +31,7 @@ from scipy.sparse import csr_matrix
 from twin.cost import CostModel, KernelCost
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import CriticalPath, critical_path
+from twin.sim.critical import host_us as host_us_of
 from twin.sim.engine import SimOptions, Simulation, fold_classes
 from twin.spec import Job
 
@@ -55,6 +56,7 @@ FREE: tuple[tuple[str | None, str, float, float], ...] = (
     ("optimizer", "host_us", 0.1, 5000.0),
     (None, "host_comm_us", 0.1, 1000.0),
     (None, "p2p_latency_us", 0.1, 1000.0),
+    (None, "host_comm_per_rank_us", 0.1, 500.0),
 )
 PRIOR_WEIGHT = 0.05
 """Residual weight pulling each log-parameter towards its start (0.05: a factor e away
@@ -78,6 +80,7 @@ def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None 
         base, gemm=kernel("gemm", 60.0, **tile), attention=kernel("attention", 100.0),
         elementwise=kernel("elementwise", 60.0), optimizer=kernel("optimizer", 100.0),
         host_comm_us=base.host_comm_us or 60.0, p2p_latency_us=base.p2p_latency_us or 10.0,
+        host_comm_per_rank_us=base.host_comm_per_rank_us or 5.0,
         p2p_host_sync=base.p2p_host_sync if p2p_host_sync is None else p2p_host_sync)
 
 
@@ -180,8 +183,7 @@ class _Retimer:
     def __call__(self, values) -> np.ndarray:
         cost = with_params(self.base, values, self.free)
         times = np.array([cost.compute_time(op, self.gpu) for op in self.ops])
-        host_us = np.array([cost.host_comm_us if k == "comm" else cost.kernel(k).host_us
-                            for k in self.host_kinds])
+        host_us = np.array([host_us_of(cost, k) for k in self.host_kinds])
         host = self.host @ host_us * 1e-6 if self.host_kinds else 0.0
         return self.counts @ times + host + self.fixed + self.p2p_n * p2p_latency_s(cost)
 
@@ -198,7 +200,9 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
         base = dataclasses.replace(base, p2p_latency_us=5.0)
     lo = np.log([f[2] for f in free])
     hi = np.log([f[3] for f in free])
-    x0 = np.clip(np.log([get(base, k, n) for k, n, _, _ in free]), lo + 1e-9, hi - 1e-9)
+    # a field at 0 (a mechanism the base leaves off) starts at its lower bound
+    x0 = np.clip(np.log([max(get(base, k, n), f_lo) for k, n, f_lo, _ in free]), lo + 1e-9,
+                 hi - 1e-9)
     start = x0.copy()
     cost, history, resid = base, [], np.zeros(len(jobs))
     gpu = jobs[0].cluster.gpu

@@ -31,7 +31,7 @@ class CriticalPath:
     """Compute op (its kind, dtype, shape, FLOPs, bytes) -> times on the path."""
     host: Counter = field(default_factory=Counter)
     """Op kind -> ops the host issued before the op it held back ('comm' for collectives
-    and send/recv)."""
+    and send/recv, 'comm_ranks' the collectives' group members)."""
     comm_s: float = 0.0
     """Collectives on the path (measured fits: fixed while compute and host are fitted)."""
     p2p_s: float = 0.0
@@ -47,8 +47,7 @@ class CriticalPath:
         """The path's length under ``cost`` (the path itself unchanged)."""
         t = sum(n * cost.compute_time(op, gpu) for op, n in self.compute.items())
         for kind, n in self.host.items():
-            us = cost.host_comm_us if kind == "comm" else cost.kernel(kind).host_us
-            t += n * us * 1e-6
+            t += n * host_us(cost, kind) * 1e-6
         lat = self.p2p_latency_s if p2p_latency_s is None else p2p_latency_s
         return t + self.comm_s + self.p2p_s + self.p2p_n * (lat - self.p2p_latency_s) + self.other_s
 
@@ -57,10 +56,18 @@ class CriticalPath:
         out: dict[str, float] = {}
         for op, n in self.compute.items():
             out[op.kind] = out.get(op.kind, 0.0) + n * cost.compute_time(op, gpu)
-        host = sum(n * (cost.host_comm_us if k == "comm" else cost.kernel(k).host_us)
-                   for k, n in self.host.items()) * 1e-6
+        host = sum(n * host_us(cost, k) for k, n in self.host.items()) * 1e-6
         out.update(host=host, collectives=self.comm_s, p2p=self.p2p_s, other=self.other_s)
         return out
+
+
+def host_us(cost: CostModel, kind: str) -> float:
+    """The host's microseconds per count of ``kind`` in ``CriticalPath.host``."""
+    if kind == "comm":
+        return cost.host_comm_us
+    if kind == "comm_ranks":
+        return cost.host_comm_per_rank_us
+    return cost.kernel(kind).host_us
 
 
 def _key(op: Op) -> Op:
@@ -138,6 +145,8 @@ def critical_path(sim, p2p_latency_s: float = 0.0) -> CriticalPath:
                     path.host[o.kind] += 1
                 elif o.is_collective or o.is_p2p:
                     path.host["comm"] += 1
+                    if o.is_collective:
+                        path.host["comm_ranks"] += len(o.group)
             if j < 0:
                 return path
             when = float(end[j])
