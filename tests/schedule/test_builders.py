@@ -228,7 +228,7 @@ def test_peak_of_memory_ops_agrees_with_the_static_model(name):
     for stage in range(job.parallel.pp):
         rank = job.grid.rank(pp=stage)
         peak, _ = memory_peak(sched.program(rank))
-        static = rank_memory(job, rank).total
+        static = rank_memory(job, rank).tensors  # the tensors the schedule allocates
         tol = 0.06 if job.parallel.zero_stage == 3 else 0.01
         assert peak == pytest.approx(static, rel=tol)
 

@@ -2,6 +2,12 @@
 
 Live memory restarts from zero at every step, as ``twin.metrics.peak_memory`` counts it
 (frees before allocs at the same instant), so the peak drawn is the peak summarized.
+
+The trace's alloc/free events hold tensors only. Given the static model's categories per rank
+(``static``: ``Memory.as_dict()`` of ``twin.workload.memory.rank_memory``), the figure also
+draws what the tensors leave out: the CUDA context, NCCL's buffers and the cuBLAS workspaces
+as constant bands under the tensors, and at the peak the largest transient and the caching
+allocator's reserve up to the modelled device total; the out-of-memory check uses that total.
 """
 
 from __future__ import annotations
@@ -17,6 +23,12 @@ from twin.report import style
 from twin.trace import Span, Trace
 
 MAX_RANKS = 6
+UNDER = ("cuda_context", "comm_buffers", "workspace")
+"""Static categories held the whole step, drawn as bands under the live tensors."""
+AT_PEAK = ("temporary", "allocator_reserve")
+"""Static categories drawn on top of the peak instant."""
+COLORS = {**style.MEMORY_COLORS, "cuda_context": "#BAB0AC", "comm_buffers": "#9D755D",
+          "workspace": "#FF9DA6", "allocator_reserve": "#72B7B2", "temporary": "#EECA3B"}
 MAX_POINTS = 3000
 """Points per rank; denser series keep the highest point of each time bin."""
 
@@ -55,17 +67,35 @@ def pick_ranks(series: dict[int, tuple], max_ranks: int = MAX_RANKS) -> dict[int
     return dict(sorted(reps.items()))
 
 
-def memory_figure(trace: Trace, hbm_bytes: float | None, title: str = "") \
+def with_static(times: np.ndarray, cats: list[str], values: np.ndarray,
+                static: dict[str, float] | None) -> tuple[list[str], np.ndarray, float]:
+    """The live series with the constant static bands first, and the bytes to add at the peak."""
+    if not static:
+        return cats, values, 0.0
+    under = [c for c in UNDER if static.get(c, 0.0) > 0]
+    bands = np.array([[static[c] for c in under]] * len(times)).reshape(len(times), len(under))
+    return under + cats, np.hstack([bands, values]), sum(static.get(c, 0.0) for c in AT_PEAK)
+
+
+def memory_figure(trace: Trace, hbm_bytes: float | None, title: str = "",
+                  static: dict[int, dict[str, float]] | None = None) \
         -> tuple[go.Figure | None, str]:
-    """Stacked live memory per shown rank, the device's memory as a line, OOM marked."""
+    """Stacked live memory per shown rank, the device's memory as a line, OOM marked.
+
+    ``static``: per rank, the static model's bytes by category (see the module docstring)."""
     by_rank: dict[int, list[Span]] = defaultdict(list)
     for s in trace.spans:
         if s.kind in MEMORY:
             by_rank[s.rank].append(s)
     if not by_rank:
         return None, "the trace has no alloc/free events, so there is no memory to draw"
-    series = {r: live_series(ss) for r, ss in by_rank.items()}
-    peaks = {r: float(v.sum(axis=1).max()) if len(v) else 0.0 for r, (_, _, v) in series.items()}
+    series, extra = {}, {}
+    for r, ss in by_rank.items():
+        times, cats, values = live_series(ss)
+        cats, values, extra[r] = with_static(times, cats, values, (static or {}).get(r))
+        series[r] = (times, cats, values)
+    peaks = {r: (float(v.sum(axis=1).max()) if len(v) else 0.0) + extra[r]
+             for r, (_, _, v) in series.items()}
     shown = pick_ranks(series)
     ranks = list(shown)
     covered = sum(len(m) for m in shown.values())
@@ -86,11 +116,24 @@ def memory_figure(trace: Trace, hbm_bytes: float | None, title: str = "") \
         times, cats, values = series[r]
         times, values = thin(times, values)
         stack = np.cumsum(values, axis=1)
+        if extra[r] and len(times):
+            i = int(np.argmax(stack[:, -1]))
+            base = float(stack[i, -1])
+            fig.add_trace(go.Scatter(
+                x=[times[i], times[i]], y=[base / style.GIB, (base + extra[r]) / style.GIB],
+                mode="lines+markers", line={"color": COLORS["allocator_reserve"], "width": 4},
+                marker={"symbol": "line-ew-open"},
+                name="at the peak: transient + allocator reserve", legendgroup="at_peak",
+                showlegend="at_peak" not in seen, hovertemplate=(
+                    f"modelled at the peak: +{extra[r] / style.GIB:.3g} GiB (largest transient, "
+                    f"caching allocator's reserve)<br>device total {peaks[r] / style.GIB:.3g} GiB"
+                    "<extra></extra>")), row=row, col=1)
+            seen.add("at_peak")
         for j, cat in enumerate(cats):
             fig.add_trace(go.Scatter(
                 x=times, y=stack[:, j] / style.GIB, customdata=values[:, j] / style.GIB,
                 mode="lines", line={"shape": "hv", "width": 0.8,
-                                    "color": style.MEMORY_COLORS.get(cat, "#999")},
+                                    "color": COLORS.get(cat, "#999")},
                 fill="tozeroy" if j == 0 else "tonexty", name=cat, legendgroup=cat,
                 showlegend=cat not in seen,
                 hovertemplate=f"{cat}: %{{customdata:.3f}} GiB<br>total below: %{{y:.3f}} GiB"
@@ -105,6 +148,9 @@ def memory_figure(trace: Trace, hbm_bytes: float | None, title: str = "") \
                      + (", above the scale)" if off else ")"), showlegend=row == 1,
                 hoverinfo="name"), row=row, col=1)
             total = stack[:, -1] if stack.size else np.zeros(0)
+            if extra[r] and len(total):
+                total = total.copy()
+                total[int(np.argmax(total))] += extra[r]
             over = np.nonzero(total > hbm_bytes)[0]
             if len(over):
                 i = int(over[0])

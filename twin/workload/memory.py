@@ -8,17 +8,36 @@ variance) per parameter: 16*Psi replicated; ZeRO-1 4*Psi + K*Psi/Nd; ZeRO-2
 Activations: Korthikanti et al. 2022, §4 and Table 2, generalised term by term to
 GQA, SwiGLU, RMSNorm and models without dropout; for MHA, f = 4h, GPT style and
 2-byte activations it reduces exactly to sbh(34 + 5as/h) and its TP/SP/recompute rows.
+
+What the static tensors leave out, as named categories (zero on a CPU cluster: no CUDA, no
+NCCL): ``temporary`` (the largest kernel's transient buffers: the fp32 cross-entropy over
+the vocabulary, eager attention's s x s scores, a recomputed layer), ``workspace`` (cuBLAS
+and cuBLASLt workspaces), ``allocator_reserve`` (the caching allocator's reserved but
+unallocated bytes), ``comm_buffers`` (NCCL's per-channel connection buffers of every
+communicator the rank uses) and ``cuda_context``. ``Memory.reserved`` is what
+``torch.cuda.max_memory_reserved()`` reports; ``Memory.total`` adds what lives outside
+PyTorch's allocator (NCCL, the context): the device memory the fit check holds against HBM.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
-from twin.spec import Job, ModelSpec
-from twin.workload.params import kv_heads_per_rank, layer_params, stage_params, vocab_rows
+from twin.spec import ClusterSpec, Job, ModelSpec
+from twin.workload.comm import step_traffic
+from twin.workload.params import (
+    embedding_tensors,
+    kv_heads_per_rank,
+    layer_params,
+    layer_tensors,
+    stage_params,
+    vocab_rows,
+)
 
 # (params, grads, optimizer) bytes per parameter; mixed precision Adam has K = 12.
 STATE_BYTES = {"bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8)}
+FSDP_REDUCE_BYTES = 4
+"""FSDP2's reduce dtype (MixedPrecisionPolicy.reduce_dtype): fp32, torchtitan's default."""
 
 
 @dataclass(frozen=True)
@@ -31,10 +50,36 @@ class Memory:
     activations: float = 0.0
     buffers: float = 0.0
     """Transient communication buffers: ZeRO-3/FSDP gathered units, legacy-DP gathered outputs."""
+    temporary: float = 0.0
+    """The largest kernel's transient buffers at the peak (``temporary_bytes``)."""
+    workspace: float = 0.0
+    """cuBLAS and cuBLASLt workspaces, from the caching allocator (``workspace_bytes``)."""
+    allocator_reserve: float = 0.0
+    """Reserved by the caching allocator but not allocated (``allocator_reserve_bytes``)."""
+    comm_buffers: float = 0.0
+    """NCCL's connection buffers, allocated by NCCL outside PyTorch (``comm_buffer_bytes``)."""
+    cuda_context: float = 0.0
+    """The CUDA context: driver state and loaded kernels, outside PyTorch (``CUDA_CONTEXT_BYTES``)."""
 
     @property
     def total(self) -> float:
+        """Device memory in use at the peak (what nvidia-smi shows; the fit check's figure)."""
         return sum(getattr(self, f.name) for f in fields(self))
+
+    @property
+    def tensors(self) -> float:
+        """Model states, activations and buffers: what the schedule's alloc/free ops hold."""
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+    @property
+    def allocated(self) -> float:
+        """Peak bytes in live tensors: ``torch.cuda.max_memory_allocated()``."""
+        return self.tensors + self.temporary + self.workspace
+
+    @property
+    def reserved(self) -> float:
+        """Peak bytes the caching allocator holds: ``torch.cuda.max_memory_reserved()``."""
+        return self.allocated + self.allocator_reserve
 
     def as_dict(self) -> dict[str, float]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -63,6 +108,11 @@ def activation_bytes_per_layer(model: ModelSpec, batch: int, tp: int = 1, sp: bo
     The 10sbh left whole by TP are the norm inputs, the QKV and FC1 inputs and the
     dropout masks; SP splits them along the sequence. Flash attention keeps no s x s
     scores (like selective) but an fp32 log-sum-exp per query and head.
+
+    ``recompute="op"`` is torchtitan's op-level selective checkpointing (its
+    ``_save_list`` policy, parallelize_llama.py): the block's input, the output of every
+    other matmul in forward order (the 1st, 3rd, ...) and the fused attention's output
+    (with its fp32 log-sum-exp) are kept; everything else is recomputed in backward.
     """
     s, b, h, e = model.seq_len, batch, model.hidden_size, model.dtype_bytes
     sbh = s * b * h
@@ -72,6 +122,12 @@ def activation_bytes_per_layer(model: ModelSpec, batch: int, tp: int = 1, sp: bo
     heads = model.num_heads // tp
     kv = kv_heads_per_rank(model, tp) * model.head_dim
     f_local = model.ffn_hidden_size // tp
+    if recompute == "op":
+        q = heads * model.head_dim
+        mlp = [f_local, f_local, h] if model.activation == "swiglu" else [f_local, h]
+        saved = sum([q, kv, kv, h, *mlp][0::2])  # matmul outputs per token, every other one
+        attn = e * q + 4 * heads if flash_attention else 0  # fused attention output + LSE
+        return e * sbh / rep_div + s * b * (e * saved + attn)
     mask = 1 if model.dropout else 0
     # Whole under TP (split under SP): 2 norm inputs, QKV and FC1 inputs, 2 dropout masks.
     replicated = 4 * e * sbh + 2 * mask * sbh
@@ -106,17 +162,38 @@ def inflight_microbatches(job: Job, stage: int) -> float:
     return chunks / v
 
 
-def rank_memory(job: Job, rank: int) -> Memory:
-    """Peak memory of one rank by category (model states, activations, buffers)."""
+def rank_memory(job: Job, rank: int, recompute: str | None = None) -> Memory:
+    """Peak memory of one rank by category: the tensors (model states, activations,
+    buffers), the largest transient, and on a GPU the workspaces, the allocator's reserve,
+    NCCL's buffers and the CUDA context.
+
+    ``recompute`` overrides the plan's policy; it also takes ``"op"`` (torchtitan's
+    op-level selective checkpointing), which ``ParallelPlan.recompute`` does not offer.
+    """
+    recompute = recompute or job.parallel.recompute
+    mem = _tensor_memory(job, rank, recompute)
+    temporary = temporary_bytes(job, rank, recompute)
+    if not on_gpu(job.cluster):
+        return replace(mem, temporary=temporary)
+    workspace = workspace_bytes(job.cluster)
+    allocated = mem.tensors + temporary + workspace
+    return replace(mem, temporary=temporary, workspace=workspace,
+                   allocator_reserve=allocator_reserve_bytes(
+                       allocated, live_tensor_count(job, rank, recompute)),
+                   comm_buffers=comm_buffer_bytes(job, rank), cuda_context=CUDA_CONTEXT_BYTES)
+
+
+def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
+    """Model states, activations and buffers of one rank at its peak."""
     model, par = job.model, job.parallel
     stage = job.grid.coord(rank, "pp")
     psi = stage_params(job, stage)
     e = model.dtype_bytes
     if par.legacy_dp:
-        return _legacy_dp_memory(job, rank, psi)
+        return _legacy_dp_memory(job, rank, psi, recompute)
     states = model_state_bytes(psi, par.dp, par.zero_stage, model.dtype)
     b, s = par.micro_batch_size, model.seq_len
-    per_layer = activation_bytes_per_layer(model, b, par.tp, par.sp, par.recompute,
+    per_layer = activation_bytes_per_layer(model, b, par.tp, par.sp, recompute,
                                            par.flash_attention)
     n_layers = len(job.layers_on_stage(stage))
     inflight = inflight_microbatches(job, stage)
@@ -134,26 +211,166 @@ def rank_memory(job: Job, rank: int) -> Memory:
     if par.zero_stage == 3 and par.dp > 1:
         # FSDP units: the root (embedding, head) stays gathered from its first forward to its
         # backward, with its unsharded gradient; layer units: the current one and the
-        # prefetched one (every unit when not resharded after forward) plus one unsharded grad
+        # prefetched one (every unit when not resharded after forward) plus one unsharded
+        # grad; without a sync every micro-batch, every unit's unsharded grad is kept, and
+        # FSDP2 accumulates it in its reduce dtype (_fsdp_param_group.py: "an accumulated
+        # gradient of the reduce dtype"), fp32 by default in torchtitan
         unit = layer_params(model, par.tp).total
         root = psi - n_layers * unit
         gathered = 2 * unit if par.fsdp_reshard_after_forward else n_layers * unit
         buffers = (2 * root + gathered + unit) * e
+        if not par.sync_every_microbatch and par.num_microbatches > 1:
+            buffers = (root + gathered) * e + (root + n_layers * unit) * FSDP_REDUCE_BYTES
     return Memory(params=states.params, grads=states.grads, optimizer=states.optimizer,
                   activations=acts, buffers=buffers)
 
 
-def _legacy_dp_memory(job: Job, rank: int, psi: int) -> Memory:
+def _legacy_dp_memory(job: Job, rank: int, psi: int, recompute: str) -> Memory:
     """nn.DataParallel: device 0 holds the optimizer, the reduced grads and every
     replica's gathered output (fp32 logits); the others hold a replica's params,
     grads and activations (mission seed 000: device 0 does more work)."""
     model, par = job.model, job.parallel
     p, g, o = (x * psi for x in STATE_BYTES[model.dtype])
     b, s = par.micro_batch_size, model.seq_len
-    per_layer = activation_bytes_per_layer(model, b, 1, False, par.recompute,
+    per_layer = activation_bytes_per_layer(model, b, 1, False, recompute,
                                            par.flash_attention)
     acts = per_layer * model.num_layers + 4 * s * b * model.vocab_size
     if rank == 0:
         gathered = 4 * s * b * model.vocab_size * par.dp
         return Memory(params=p, grads=g, optimizer=o, activations=acts, buffers=gathered)
     return Memory(params=p, grads=g, optimizer=0.0, activations=acts)
+
+
+# --- What the static tensors leave out -------------------------------------------------
+
+MIB = 2 ** 20
+NCCL_SIMPLE_BUFF_BYTES = 4 * MIB
+"""NCCL_BUFFSIZE, the Simple protocol's buffer per connection (NCCL src/init.cc DEFAULT_BUFFSIZE)."""
+NCCL_LL128_BUFF_BYTES = 120 * 640 * 8 * 8
+"""DEFAULT_LL128_BUFFSIZE: 120 elements x 640 threads x NCCL_STEPS 8 x 8 bytes (4.69 MiB)."""
+NCCL_LL_BUFF_BYTES = 8 * 512 * 8 * 16
+"""DEFAULT_LL_BUFFSIZE: 8 lines x 512 threads x NCCL_STEPS 8 x 16-byte lines (512 KiB)."""
+NCCL_CONNECTION_BYTES = NCCL_SIMPLE_BUFF_BYTES + NCCL_LL128_BUFF_BYTES + NCCL_LL_BUFF_BYTES
+NCCL_CHANNELS = 16
+"""Channels of one collective communicator (NCCL picks them from the topology: 8-32 on
+NVLink nodes, capped by NCCL_MAX_NCHANNELS; 16 assumed)."""
+NCCL_P2P_CHANNELS_PER_PEER = 2
+"""NCCL's default p2p channels per peer (its "2 p2p channels per peer" init line)."""
+CUDA_CONTEXT_BYTES = 400 * MIB
+"""CUDA >= 11.7 with lazy module loading, PyTorch's default: "around 400MB" (ptrblck,
+pytorch/pytorch#109888; 287 MB for a tiny program, 667 MB without lazy loading: #86509)."""
+FRAGMENTATION = 0.15
+"""(reserved - allocated) / reserved of the caching allocator: GMLake (Guo et al., ASPLOS
+2024, abstract) measured 15% on average (up to 33%) over eight LLMs on A100-80GB."""
+ROUND_WASTE_BYTES = 1 * MIB
+"""A large segment is cudaMalloc'd in 2 MiB multiples and a remainder under 1 MiB
+(kSmallSize) is not split off (c10/cuda/CUDACachingAllocator.cpp): ~1 MiB per segment."""
+SAVED_TENSORS_PER_LAYER = {"none": 12, "selective": 10, "op": 6, "full": 1}
+"""About how many separate tensors one layer keeps for backward, per policy."""
+
+
+def on_gpu(cluster: ClusterSpec) -> bool:
+    """CUDA devices (NCCL, cuBLAS, a caching allocator); ``shared_cpu`` ranks have none."""
+    return cluster.intra.kind != "shared_cpu"
+
+
+def workspace_bytes(cluster: ClusterSpec) -> float:
+    """cuBLAS and cuBLASLt workspaces on the compute stream: 32 MiB each on Hopper and
+    later, 4 MiB before (cuBLAS docs, cublasSetWorkspace; PyTorch #120925)."""
+    name = cluster.gpu.name.upper()
+    hopper_or_later = name.startswith(("H1", "H2", "H8", "GH", "B1", "B2", "B3", "GB"))
+    return 2 * (32 if hopper_or_later else 4) * MIB
+
+
+def comm_buffer_bytes(job: Job, rank: int) -> float:
+    """NCCL buffers of the communicators ``rank`` uses (the groups it moves bytes in).
+
+    Per connection one buffer per protocol (Simple NCCL_BUFFSIZE 4 MiB, LL128 4.69 MiB,
+    LL 512 KiB); a collective communicator connects each rank to its ring neighbours on
+    every channel, one buffer set per channel; pipeline send/recv uses
+    ``NCCL_P2P_CHANNELS_PER_PEER`` channels to each neighbouring stage.
+    """
+    par = job.parallel
+    total = 0.0
+    for name, g in step_traffic(job, rank).items():
+        if g.size < 2:
+            continue
+        if name == "pp":
+            stage = job.grid.coord(rank, "pp")
+            ends = par.pp_schedule != "interleaved" and stage in (0, par.pp - 1)
+            peers = 1 if par.pp == 2 or ends else 2
+            total += peers * NCCL_P2P_CHANNELS_PER_PEER * NCCL_CONNECTION_BYTES
+        else:
+            total += NCCL_CHANNELS * NCCL_CONNECTION_BYTES
+    return total
+
+
+def loss_temporary_bytes(model: ModelSpec, batch: int, tp: int = 1) -> float:
+    """Cross-entropy over the vocabulary in fp32, beyond the saved log-softmax (4N bytes,
+    counted in activations); N = s b V/t logits on the rank, e the model's dtype bytes.
+
+    Eager ``F.cross_entropy(logits.float())`` (t = 1): forward holds the logits, their fp32
+    copy and the log-softmax, (e + 8)N; backward the saved log-softmax, nll_loss's gradient
+    and log_softmax's, 12N. Vocab-parallel (t > 1, torch.distributed.tensor.parallel
+    loss_parallel, _log_softmax and _nll_loss_and_log_softmax_backward): forward the logits,
+    x, x - max and exp(x - max), (e + 12)N; backward the saved log-softmax, the one-hot
+    gradient, it plus exp(x) and the product, 16N.
+    """
+    n = model.seq_len * batch * vocab_rows(model, tp)
+    e = model.dtype_bytes
+    peak = max(e + 8, 12) if tp == 1 else max(e + 12, 16)
+    return (peak - 4) * n
+
+
+def layer_temporary_bytes(model: ModelSpec, batch: int, tp: int = 1, sp: bool = False,
+                          recompute: str = "none", flash_attention: bool = False) -> float:
+    """One layer's transient in its backward: what recomputation re-creates (the layer's
+    activations less those kept) plus the attention backward's own buffers: eager, the
+    gradients of the probabilities and of the scores, 2e b (a/t) s^2; flash, the fp32
+    dQ accumulator 4 s b (a/t) d (FlashAttention-2 backward)."""
+    kept = activation_bytes_per_layer(model, batch, tp, sp, recompute, flash_attention)
+    full = activation_bytes_per_layer(model, batch, tp, sp, "none", flash_attention)
+    s, heads = model.seq_len, model.num_heads // tp
+    if flash_attention:
+        attention = 4 * s * batch * heads * model.head_dim
+    else:
+        attention = 2 * model.dtype_bytes * batch * heads * s * s
+    return max(full - kept, 0.0) + attention
+
+
+def temporary_bytes(job: Job, rank: int, recompute: str | None = None) -> float:
+    """The largest transient at the rank's peak: one layer's backward (every stage) or the
+    loss (the last stage), whichever is larger; both come when nearly every activation is
+    still held (end of forward, start of backward)."""
+    model, par = job.model, job.parallel
+    recompute = recompute or par.recompute
+    b = par.micro_batch_size
+    tp, sp = (1, False) if par.legacy_dp else (par.tp, par.sp)
+    out = layer_temporary_bytes(model, b, tp, sp, recompute, par.flash_attention)
+    if job.grid.coord(rank, "pp") == par.pp - 1:
+        out = max(out, loss_temporary_bytes(model, b, tp))
+    return out
+
+
+def live_tensor_count(job: Job, rank: int, recompute: str | None = None) -> float:
+    """Separate tensors alive at the peak: per parameter its shard, gradient and Adam's two
+    moments (plus an fp32 master copy without ZeRO-3), and the activations kept per layer."""
+    model, par = job.model, job.parallel
+    stage = job.grid.coord(rank, "pp")
+    n_layers = len(job.layers_on_stage(stage))
+    params = len(layer_tensors(model, par.tp)) * n_layers + 2 * len(embedding_tensors(model, par.tp))
+    copies = 4 if par.zero_stage == 3 else 5
+    acts = SAVED_TENSORS_PER_LAYER[recompute or par.recompute] * n_layers \
+        * inflight_microbatches(job, stage)
+    return params * copies + acts
+
+
+def allocator_reserve_bytes(allocated: float, live_tensors: float = 0.0) -> float:
+    """Reserved but unallocated bytes of PyTorch's caching allocator at the peak.
+
+    At least the rounding of its segments (``ROUND_WASTE_BYTES`` per live tensor); in
+    training, fragmentation dominates: blocks split for one size cannot serve a larger
+    request, so the reserve grows to f/(1 - f) of what is allocated, f = ``FRAGMENTATION``
+    (GMLake's measured mean).
+    """
+    return max(live_tensors * ROUND_WASTE_BYTES, FRAGMENTATION / (1 - FRAGMENTATION) * allocated)

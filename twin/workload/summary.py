@@ -13,6 +13,9 @@ from twin.workload.flops import (
 from twin.workload.memory import rank_memory
 from twin.workload.params import kv_replicas, model_params, stage_params
 
+RUNTIME = ("workspace", "comm_buffers", "cuda_context")
+"""Memory categories of the CUDA runtime and libraries, shown as one column."""
+
 
 def listed_ranks(job: Job) -> list[int]:
     """The first rank (dp=0, tp=0) of every pipeline stage; for legacy DP also a replica."""
@@ -120,7 +123,8 @@ def format_inspect(rep: dict) -> str:
         "",
         f"memory per rank ({unit})",
         f"{'rank':>5} {'stage':>5} {'layers':>9} {'params':>9} {'weights':>8} {'grads':>7} "
-        f"{'optim':>7} {'activ':>7} {'buffers':>8} {'total':>8} {'HBM':>8}  fits",
+        f"{'optim':>7} {'activ':>7} {'buffers':>8} {'temp':>7} {'reserve':>8} {'runtime':>8} "
+        f"{'total':>8} {'HBM':>8}  fits",
     ]
     for r in rep["ranks"]:
         m = r["memory_bytes"]
@@ -131,8 +135,13 @@ def format_inspect(rep: dict) -> str:
             f"{r['rank']:>5} {r['stage']:>5} {layers:>9} {_si(r['params']):>9} "
             f"{_scaled(m['params'], div):>8} {_scaled(m['grads'], div):>7} "
             f"{_scaled(m['optimizer'], div):>7} {_scaled(m['activations'], div):>7} "
-            f"{_scaled(m['buffers'], div):>8} {_scaled(m['total'], div):>8} "
-            f"{rep['hbm_bytes'] / div:>8.0f}  {verdict}")
+            f"{_scaled(m['buffers'], div):>8} {_scaled(m.get('temporary', 0.0), div):>7} "
+            f"{_scaled(m.get('allocator_reserve', 0.0), div):>8} "
+            f"{_scaled(sum(m.get(k, 0.0) for k in RUNTIME), div):>8} "
+            f"{_scaled(m['total'], div):>8} {rep['hbm_bytes'] / div:>8.0f}  {verdict}")
+    lines += ["temp: the largest transient (loss in fp32, attention, a recomputed layer); "
+              "reserve: the caching allocator's reserved-but-free bytes; runtime: cuBLAS "
+              "workspaces, NCCL buffers and the CUDA context"]
     lines += ["", "traffic per step (payload bytes by nccl-tests' convention; wire = sent by the rank)"]
     for r in rep["ranks"]:
         lines.append(f"  rank {r['rank']} (stage {r['stage']}), "
