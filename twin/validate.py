@@ -2,7 +2,11 @@
 
 Step time: the measured median and p10-p90 band over steps against the twin's prediction.
 Per op kind: for the ops both traces hold (joined by rank and op id), the twin's summed
-duration against the measured one in the measured run's median step.
+duration against the measured one in the measured run's median step. A PyTorch training
+run (conformance) has no op ids: its per-kind figures are torch.profiler's CPU seconds of
+one step summed over ranks, against the twin's summed spans of the same kind
+(``profile_kind_errors``). Rows of several sources (replay, pytorch) keep each source's
+figures under ``row["sources"][source]``; ``suite_figures(rows, source)`` reads them.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import statistics
 from collections import defaultdict
 
 from twin.trace import Trace
-from twin.vocab import MEMORY_KINDS
+from twin.vocab import COLLECTIVE_KINDS, COMPUTE_KINDS, MEMORY_KINDS, P2P_KINDS
 
 MEMORY = MEMORY_KINDS
 
@@ -68,8 +72,49 @@ def compare(measured_summary: dict, predicted_summary: dict) -> dict:
             "in_band": m["step_time_p10_s"] <= p <= m["step_time_p90_s"]}
 
 
-def suite_figures(rows: list[dict]) -> dict:
-    """Median absolute error, the largest error, and predictions inside their bands."""
+PROFILE_NOTE = ("torch.profiler CPU self time of one step, summed over ranks: compute kinds "
+                "compare with the twin; collectives is the time spent issuing them (gloo runs "
+                "them on its own threads), unattributed the step's wall time no event covers "
+                "(mostly waiting for them), framework the autograd engine, hooks and Python: no "
+                "twin counterpart")
+
+
+def profile_kind_errors(measured: dict[str, float], predicted: Trace) -> dict[str, dict]:
+    """Per kind: profiled CPU seconds (``measured``: gemm, attention, elementwise, optimizer,
+    collectives, framework, unattributed) against the twin's summed spans of step 0 over all
+    ranks; an error only for the compute kinds (the others time something else)."""
+    pred: dict[str, float] = defaultdict(float)
+    for s in predicted.spans:
+        if s.step != 0 or s.kind in MEMORY:
+            continue
+        kind = "collectives" if s.kind in COLLECTIVE_KINDS + P2P_KINDS else s.kind
+        pred[kind] += s.dur_us / 1e6
+    out: dict[str, dict] = {}
+    for k, m in measured.items():
+        p = pred.get(k, 0.0) if k in COMPUTE_KINDS or k == "collectives" else None
+        out[k] = {"measured_s": m, "predicted_s": p, "ops": None,
+                  "error": (p / m - 1) if k in COMPUTE_KINDS and m > 0 else None}
+    out["_source"] = {"source": "torch.profiler", "note": PROFILE_NOTE}
+    return out
+
+
+def source_rows(rows: list[dict], source: str) -> list[dict]:
+    """The rows' figures for one source (name, parallel and world size added); rows without
+    ``sources`` (written before there were several) are replay rows; skipped ones left out."""
+    out = []
+    for r in rows:
+        fig = (r.get("sources") or {"replay": r}).get(source)
+        if fig is not None and "skipped" not in fig:
+            out.append({**fig, "name": r["name"], "parallel": r.get("parallel"),
+                        "world_size": r["world_size"]})
+    return out
+
+
+def suite_figures(rows: list[dict], source: str | None = None) -> dict:
+    """Median absolute error, the largest error, and predictions inside their bands (of the
+    rows' top-level figures, or of ``source``'s)."""
+    if source is not None:
+        rows = source_rows(rows, source)
     errs = [abs(r["error"]) for r in rows]
     worst = max(rows, key=lambda r: abs(r["error"])) if rows else None
     return {"runs": len(rows),

@@ -4,12 +4,20 @@ It runs inside executor.rank's process setup (environment, store, gloo world gro
 timeouts, error reports, progress board) as the ``conformance`` task: build the model
 from the job in RUN_DIR/run.json, parallelise it with PyTorch's APIs, train ``steps``
 steps with every collective and p2p call recorded, and write
-RUN_DIR/conformance/rankN.json (calls, losses).
+RUN_DIR/conformance/rankN.json (calls, losses, step times).
+
+Timing: each step (forward, backward, gradient sync, clip, AdamW, zero_grad; not the
+batch's creation) is timed on every rank with perf_counter and no barrier, so the run's
+step time is the largest rank's (runner.step_timing). ``profile_step`` (run.json, optional)
+runs that one step under torch.profiler and writes its CPU time per op kind
+(train.profile_kinds); the profiled step is left out of the timing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -49,10 +57,13 @@ def conformance_task(ctx) -> None:
     from executor.conformance.model import build_model
     from executor.conformance.parallelize import device_mesh, parallelize
     from executor.conformance.train import (
+        OPT_RANGE,
         clip,
         data_step,
         loss_context,
         optimizer,
+        profile_kinds,
+        profiler,
         replicate_partial_grads,
         step_batch,
     )
@@ -76,15 +87,15 @@ def conformance_task(ctx) -> None:
         if p.pp > 1 else None
     d, dp = job.grid.coord(rank, "dp"), p.dp
     losses: list[float | None] = []
-    for step in range(s["steps"]):
-        ctx.reporter.set_phase("measure", step)
-        x, y = step_batch(job, s["seed"], step)
-        n = x.shape[0] // dp
-        x, y = x[d * n:(d + 1) * n], y[d * n:(d + 1) * n]
+    times: list[float] = []
+    kinds = None
+    profile_step = s.get("profile_step")
+
+    def train_step(step: int, x, y):
         recorder.active = True
         if sched is None:
             loss = data_step(parts[0][1], x, y, p.num_microbatches, p.tp,
-                             label=lambda phase, step=step: recorder.label(step, phase))
+                             label=lambda phase: recorder.label(step, phase))
         else:
             recorder.label(step, "pipeline")
             mb_losses: list = []
@@ -94,18 +105,33 @@ def conformance_task(ctx) -> None:
                 sched.step(*args, **kwargs)
             loss = _mean(mb_losses) if mb_losses else None
         recorder.label(step, "opt")
-        replicate_partial_grads([q for _, q in named])
-        clip(named, coords, sharded, norm_group)
-        opt.step()
-        opt.zero_grad()
+        with torch.profiler.record_function(OPT_RANGE):
+            replicate_partial_grads([q for _, q in named])
+            clip(named, coords, sharded, norm_group)
+            opt.step()
+            opt.zero_grad()
         recorder.active = False
-        losses.append(loss)
+        return loss
+
+    for step in range(s["steps"]):
+        ctx.reporter.set_phase("measure", step)
+        x, y = step_batch(job, s["seed"], step)
+        n = x.shape[0] // dp
+        x, y = x[d * n:(d + 1) * n], y[d * n:(d + 1) * n]
+        prof = profiler() if step == profile_step else contextlib.nullcontext()
+        with prof:
+            t0 = time.perf_counter()
+            losses.append(train_step(step, x, y))
+            times.append(time.perf_counter() - t0)
+        if step == profile_step:
+            kinds = profile_kinds(prof, times[-1])
     ctx.reporter.set_phase("writing")
     dist.barrier()
     out = result_path(ctx.run_dir, rank)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, {"rank": rank, "chunks": chunks, "losses": losses,
-                     "calls": recorder.to_dicts()}, indent=None)
+                     "calls": recorder.to_dicts(), "step_times_s": times,
+                     "profile_step": profile_step, "profile": kinds}, indent=None)
 
 
 def _norm_group(job, rank: int):

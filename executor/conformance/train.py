@@ -21,6 +21,8 @@ from twin.spec import Job
 
 LR = 1e-2
 MAX_NORM = 1.0
+OPT_RANGE = "paratwin.opt"
+"""record_function range around a step's end (partial-grad sync, clip, AdamW, zero_grad)."""
 
 
 def optimizer(params) -> torch.optim.Optimizer:
@@ -149,3 +151,74 @@ def reference_losses(job: Job, seed: int, steps: int) -> list[float]:
 def relative_error(a: float, b: float) -> float:
     """|a - b| / |b| (0 when both are 0)."""
     return 0.0 if a == b else abs(a - b) / max(abs(b), math.ulp(1.0))
+
+
+# Profiled CPU time per op kind (the twin's kinds; "collectives" holds every collective and
+# p2p, "framework" the self time of everything else: autograd engine, module hooks, Python).
+PROFILE_KINDS = ("gemm", "attention", "elementwise", "optimizer", "collectives", "framework")
+_GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mv", "aten::addmv",
+         "aten::matmul", "aten::linear", "aten::_addmm_activation", "aten::dot"}
+_COMM = ("gloo:", "nccl:", "c10d::", "_c10d_functional::", "c10d_functional::",
+         "record_param_comms")
+_OPT = ("Optimizer.step#", "Optimizer.zero_grad#", OPT_RANGE)
+
+
+def profiler():
+    """torch.profiler over the CPU, no shapes or stacks (a few percent on a step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU], record_shapes=False, with_stack=False)
+
+
+def op_kind(name: str, in_opt: bool) -> str:
+    """The kind of a profiled event: collectives by name first (the clip's all-reduce stays a
+    collective), then everything inside the step's end is the optimizer, then by aten name."""
+    if name.startswith(_COMM):
+        return "collectives"
+    if in_opt:
+        return "optimizer"
+    if name in _GEMM:
+        return "gemm"
+    if "scaled_dot_product" in name or name in ("aten::_softmax", "aten::softmax",
+                                                 "aten::_softmax_backward_data"):
+        return "attention"
+    if name.startswith("aten::"):
+        return "elementwise"
+    return "framework"
+
+
+def classify_events(events) -> dict[str, float]:
+    """Seconds of self CPU time per kind over profiler events (FunctionEvent-like: ``name``,
+    ``self_cpu_time_total`` in us, ``cpu_parent``); an event inside an optimizer range counts
+    as optimizer."""
+    out = dict.fromkeys(PROFILE_KINDS, 0.0)
+    opt_cache: dict[int, bool] = {}
+
+    def in_opt(ev) -> bool:
+        chain, hit = [], False
+        while ev is not None:
+            if id(ev) in opt_cache:
+                hit = opt_cache[id(ev)]
+                break
+            chain.append(ev)
+            if ev.name.startswith(_OPT):
+                hit = True
+                break
+            ev = ev.cpu_parent
+        for e in chain:
+            opt_cache[id(e)] = hit
+        return hit
+
+    for ev in events:
+        out[op_kind(ev.name, in_opt(ev))] += ev.self_cpu_time_total / 1e6
+    return out
+
+
+def profile_kinds(prof, step_s: float) -> dict:
+    """The profiled step's CPU seconds per kind, plus ``unattributed``: the step's wall time no
+    event covers (the main thread blocked, mostly waiting for collectives, which gloo runs on
+    threads the profiler does not see), its wall time and its event count."""
+    events = prof.events()
+    kinds = classify_events(events)
+    kinds["unattributed"] = max(0.0, step_s - sum(kinds.values()))
+    return {"step_s": step_s, "kinds": kinds, "events": len(events)}

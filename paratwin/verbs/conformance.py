@@ -2,8 +2,9 @@
 
 Composes the job, checks that PyTorch has a counterpart for the plan, spawns the ranks
 (executor.conformance.rank), prints both inventories side by side with the differences
-and the loss agreement (``format=json``: the same as JSON). Exits 1 when a difference is
-unexplained or the losses disagree, 2 on a config error.
+and the loss agreement, and the steps' wall time after the first (``format=json``: the same
+as JSON, the times under ``timing``; `paratwin validate against=pytorch` uses them). Exits 1
+when a difference is unexplained or the losses disagree, 2 on a config error.
 """
 
 from __future__ import annotations

@@ -6,6 +6,16 @@ profile, and the two are compared: step-time error, whether the prediction falls
 the measured band, and per-op-kind errors over the ops both traces hold (same op ids).
 Results land in OUT_DIR/NAME/ (execute/, twin/, result.json, report.html) and
 OUT_DIR/validate.json; finished runs are kept when the suite is run again (resume).
+
+``against=pytorch`` (or ``both``) also holds the twin against real training: each preset
+PyTorch has a counterpart for (executor.conformance.parallelize.check_plan) is trained by
+`paratwin conformance`'s ranks (DDP / FSDP2 / DTensor TP-SP / pipelining on the Llama-style
+model of the ModelSpec), each step timed on every rank without a barrier (the step's time:
+the largest rank's), and one more step profiled for CPU time per op kind; the twin predicts
+the same job (conformance's schedule options) as it stands, nothing added for the framework.
+Each row keeps every source's figures under ``sources`` (OUT_DIR/NAME/pytorch/,
+pytorch_twin/); its top-level figures are its first source's; presets without a
+counterpart are listed under ``skipped`` with the reason.
 """
 
 from __future__ import annotations
@@ -26,8 +36,9 @@ from twin import rundir
 from twin.files import write_json_atomic
 from twin.sim.run import simulate
 from twin.spec import ConfigError
+from twin.spec.errors import check_choice
 from twin.trace import Trace
-from twin.validate import compare, kind_errors, suite_figures
+from twin.validate import compare, kind_errors, profile_kind_errors, source_rows, suite_figures
 
 
 def _passthrough() -> tuple[str, str, list[str]]:
@@ -39,17 +50,22 @@ def _passthrough() -> tuple[str, str, list[str]]:
     return hc.runtime.choices["model"], hc.runtime.choices["cluster"], keep
 
 
-def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough) -> dict:
-    done = out / name / "result.json"
-    if cfg.get("resume", True) and done.exists():
-        return json.loads(done.read_text())
-    model, cluster, extra = passthrough
-    exec_dir, twin_dir = out / name / "execute", out / name / "twin"
-    args = [f"model={model}", f"cluster={cluster}", f"parallel={preset}",
-            f"cluster.gpus_per_node={world}", f"steps={cfg.steps}", f"warmup={cfg.warmup}",
-            f"timeout_s={cfg.timeout_s}", f"out_dir={exec_dir}", "format=json", "report=false",
-            *extra, *list(cfg.get("overrides") or [])]
-    ecfg = compose(config_name="execute", overrides=args)  # this app's config tree
+SOURCES = {"replay": ("replay",), "pytorch": ("pytorch",), "both": ("replay", "pytorch")}
+FIGURES = ("measured_p50_s", "measured_p10_s", "measured_p90_s", "predicted_s", "error", "in_band",
+           "kinds", "profile", "wall_s", "report_error")
+"""A source's figures that a row also carries at its top level (its first source's)."""
+TITLES = {"replay": "against the replay (paratwin execute runs the schedule)",
+          "pytorch": "against PyTorch (its DDP / FSDP2 / DTensor TP-SP / pipelining train the model)"}
+
+
+def _group_overrides(cfg) -> list[str]:
+    return [o for o in list(cfg.get("overrides") or [])
+            if o.lstrip("+~").startswith(("model.", "cluster.", "parallel."))]
+
+
+def run_replay(name: str, ecfg, cfg, out: Path) -> dict:
+    """`paratwin execute` the preset, simulate it, compare: the replay's figures."""
+    exec_dir, twin_dir = Path(str(ecfg.out_dir)), out / name / "twin"
     t0 = time.perf_counter()
     said = io.StringIO()
     try:  # the execute verb in this process; its printout is not validate's
@@ -65,13 +81,8 @@ def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough) -> 
     measured = json.loads((exec_dir / "summary.json").read_text())
     job = job_from_cfg(ecfg)
     cost = load_profile(cfg.get("calibration"), job.cluster)
-    res = simulate(job, cost)
-    rundir.claim(twin_dir, "simulate", bool(cfg.get("force", False)))
-    res.trace.save(twin_dir / rundir.TRACE)
-    rundir.write_json(twin_dir / rundir.SUMMARY, res.summary.to_dict())
-    (twin_dir / rundir.CONFIG).write_text((exec_dir / rundir.CONFIG).read_text())
-    row = {"name": name, "parallel": preset, "world_size": world,
-           **compare(measured, res.summary),
+    res = _simulate(job, cost, twin_dir, cfg, (exec_dir / rundir.CONFIG).read_text())
+    fig = {**compare(measured, res.summary),
            "kinds": kind_errors(Trace.load(exec_dir / "spans.json"), res.trace),
            "profile": cost.name, "wall_s": time.perf_counter() - t0}
     if cfg.get("report", True):
@@ -80,8 +91,106 @@ def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough) -> 
 
             write_report([exec_dir, twin_dir], out=out / name / "report.html")
         except Exception as err:  # the figures are a bonus: a report failure keeps the result
-            row["report_error"] = f"{type(err).__name__}: {err}"
-    write_json_atomic(done, row)
+            fig["report_error"] = f"{type(err).__name__}: {err}"
+    return fig
+
+
+def _simulate(job, cost, twin_dir: Path, cfg, config_text: str):
+    res = simulate(job, cost)
+    rundir.claim(twin_dir, "simulate", bool(cfg.get("force", False)))
+    res.trace.save(twin_dir / rundir.TRACE)
+    rundir.write_json(twin_dir / rundir.SUMMARY, res.summary.to_dict())
+    (twin_dir / rundir.CONFIG).write_text(config_text)
+    return res
+
+
+def run_pytorch(name: str, preset: str, world: int, cfg, out: Path, passthrough,
+                threads: int) -> dict:
+    """Train the preset with PyTorch's own APIs (conformance), time its steps, simulate the
+    same job (conformance's config: its schedule options), compare; or ``{"skipped": why}``."""
+    from omegaconf import OmegaConf
+
+    from executor.conformance.model import check_model
+    from executor.conformance.parallelize import check_plan
+    from executor.conformance.runner import conform
+    from executor.launch import Interrupted, LaunchError
+
+    model, cluster, extra = passthrough
+    ccfg = compose(config_name="conformance", overrides=[
+        f"model={model}", f"cluster={cluster}", f"parallel={preset}",
+        f"cluster.gpus_per_node={world}", *extra, *_group_overrides(cfg)])
+    job = job_from_cfg(ccfg)
+    try:
+        check_model(job.model)
+        check_plan(job)
+    except ConfigError as err:
+        return {"skipped": str(err)}
+    if world > 8:
+        return {"skipped": f"{world} ranks: conformance runs at most 8"}
+    profile = bool(cfg.get("pytorch_profile", True))
+    warmup, measured = int(cfg.warmup), int(cfg.steps)
+    t0 = time.perf_counter()
+    try:
+        res = conform(job, out / name / "pytorch", steps=warmup + measured + int(profile),
+                      warmup=warmup, profile=profile, reference=False,
+                      timeout_s=float(cfg.timeout_s), threads=threads,
+                      log=lambda m: print(f"paratwin validate: {name}: {m}", file=sys.stderr))
+    except Interrupted as err:
+        sys.exit(128 + err.signum)
+    except (LaunchError, RuntimeError) as err:
+        raise ConfigError(f"validate {name}: PyTorch training failed: "
+                          f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    timing = res["timing"]
+    cost = load_profile(cfg.get("calibration"), job.cluster)
+    sim = _simulate(job, cost, out / name / "pytorch_twin", cfg, OmegaConf.to_yaml(ccfg))
+    prof = timing["profile"]
+    return {**compare(timing, sim.summary),
+            "kinds": profile_kind_errors(prof["kinds"], sim.trace) if prof else {},
+            "profile": cost.name, "wall_s": time.perf_counter() - t0,
+            "steps": timing["measured_steps"], "warmup": warmup,
+            "step_times_s": timing["step_times_s"], "per_rank_median_s": timing["per_rank_median_s"],
+            "torch_profile": prof,
+            "conformance": {"plan": res["plan"], "differences": len(res["differences"]),
+                            "documented": len(res["documented"])}}
+
+
+def _promote(row: dict, order: tuple[str, ...]) -> None:
+    """Copy the first of ``order``'s sources with figures to the row's top level (none when
+    every one skipped the preset: the row is then only listed as skipped)."""
+    for key in FIGURES:
+        row.pop(key, None)
+    srcs = row["sources"]
+    first = next((s for s in order if "error" in srcs.get(s, {})), None)
+    if first is not None:
+        row.update({k: v for k, v in srcs[first].items() if k in FIGURES})
+    row["against"] = [s for s in SOURCES["both"] if s in srcs]
+
+
+def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough,
+            sources: tuple[str, ...] = ("replay",)) -> dict:
+    """One preset against each source; a source already in OUT/NAME/result.json is kept."""
+    done = out / name / "result.json"
+    row = json.loads(done.read_text()) if cfg.get("resume", True) and done.exists() else None
+    if row is not None:
+        row.setdefault("sources", {"replay": {k: row[k] for k in FIGURES if k in row}})
+        if all(s in row["sources"] for s in sources):
+            _promote(row, sources)
+            return row
+    row = row or {"name": name, "parallel": preset, "world_size": world, "sources": {}}
+    model, cluster, extra = passthrough
+    args = [f"model={model}", f"cluster={cluster}", f"parallel={preset}",
+            f"cluster.gpus_per_node={world}", f"steps={cfg.steps}", f"warmup={cfg.warmup}",
+            f"timeout_s={cfg.timeout_s}", f"out_dir={out / name / 'execute'}", "format=json",
+            "report=false", *extra, *list(cfg.get("overrides") or [])]
+    ecfg = compose(config_name="execute", overrides=args)  # this app's config tree
+    for src in sources:
+        if src in row["sources"]:
+            continue
+        row["sources"][src] = run_replay(name, ecfg, cfg, out) if src == "replay" else \
+            run_pytorch(name, preset, world, cfg, out, passthrough, int(ecfg.get("threads", 1)))
+        _promote(row, sources)
+        done.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(done, row)
     return row
 
 
@@ -110,11 +219,46 @@ def format_table(rows: list[dict], info: list[dict], figures: dict) -> str:
     return "\n".join(lines)
 
 
+def format_result(result: dict) -> str:
+    """The replay's table as ever with against=replay; else a section per source, the step
+    times side by side, and the presets a source skipped."""
+    against = result.get("against", "replay")
+    if against == "replay":
+        return format_table(result["runs"], result["information"], result["figures"])
+    sections = []
+    for src in SOURCES[against]:
+        rows, info = source_rows(result["runs"], src), source_rows(result["information"], src)
+        if rows or info:
+            sections.append(f"{TITLES[src]}:\n" + format_table(rows, info, result["sources"][src]))
+    if against == "both":
+        lines = [f"{'step time ms':<18} {'twin':>9} {'replay':>9} {'PyTorch':>9} "
+                 f"{'twin vs PyTorch':>16}"]
+        for r in result["runs"] + result["information"]:
+            rp, pt = r["sources"].get("replay", {}), r["sources"].get("pytorch", {})
+            twin = pt.get("predicted_s", rp.get("predicted_s"))
+            cells = [f"{v * 1e3:>9.1f}" if v is not None else f"{'-':>9}"
+                     for v in (twin, rp.get("measured_p50_s"), pt.get("measured_p50_s"))]
+            ratio = f"{pt['error']:>+16.1%}" if "error" in pt else f"{'skipped':>16}"
+            lines.append(f"{r['name']:<18} {' '.join(cells)} {ratio}")
+        sections.append("\n".join(lines))
+    if result["skipped"]:
+        sections.append("skipped:\n" + "\n".join(
+            f"  {s['name']} ({s['source']}): {s['reason']}" for s in result["skipped"]))
+    return "\n\n".join(sections)
+
+
 def run(cfg) -> dict:
     fmt = cfg.get("format", "text")
-    if fmt not in ("text", "json"):
-        raise ConfigError(f"format={fmt!r} is not one of text|json")
+    problems: list[str] = []
+    check_choice(problems, "format", fmt, ("text", "json"))
+    check_choice(problems, "against", cfg.get("against", "replay"), tuple(SOURCES))
+    if problems:
+        raise ConfigError(problems)
+    against = cfg.get("against", "replay")
     if cfg.get("runs"):  # a file of measured runs (the user's own logs), nothing executed
+        if against != "replay":
+            raise ConfigError(f"against={against} trains the suite; runs= holds measured rows "
+                              "against the twin without running anything: drop one of them")
         from paratwin.fitruns import format_validation, validate_runs
 
         def claim() -> Path:
@@ -137,14 +281,24 @@ def run(cfg) -> dict:
         raise ConfigError(f"suite has unknown parallel presets {bad}; choose among {', '.join(presets)}")
     out = rundir.claim(out_dir(cfg, "validate"), "validate", bool(cfg.get("force", False)))
     passthrough = _passthrough()
-    rows, info_rows = [], []
+    rows, info_rows, skipped = [], [], []
+    sources = SOURCES[against]
     plan = [(p, int(cfg.world_size), rows) for p in suite] + \
         [(p, int(cfg.info_world_size), info_rows) for p in info]
     for k, (preset, world, into) in enumerate(plan, start=1):
-        print(f"[{k}/{len(plan)}] {preset} at {world} ranks ...", file=sys.stderr, flush=True)
-        into.append(run_one(f"{preset}-w{world}", preset, world, cfg, out, passthrough))
+        print(f"[{k}/{len(plan)}] {preset} at {world} ranks"
+              + ("" if against == "replay" else f" against {' and '.join(sources)}") + " ...",
+              file=sys.stderr, flush=True)
+        row = run_one(f"{preset}-w{world}", preset, world, cfg, out, passthrough, sources)
+        skipped += [{"name": row["name"], "parallel": preset, "world_size": world, "source": src,
+                     "reason": row["sources"][src]["skipped"]}
+                    for src in sources if "skipped" in row["sources"].get(src, {})]
+        if "error" in row:
+            into.append(row)
     figures = suite_figures(rows)
-    result = {"figures": figures, "runs": rows, "information": info_rows, "out_dir": str(out)}
+    result = {"against": against, "figures": figures,
+              "sources": {src: suite_figures(rows, src) for src in sources},
+              "runs": rows, "information": info_rows, "skipped": skipped, "out_dir": str(out)}
     write_json_atomic(out / "validate.json", result)
-    print(json.dumps(result, indent=2) if fmt == "json" else format_table(rows, info_rows, figures))
+    print(json.dumps(result, indent=2) if fmt == "json" else format_result(result))
     return result
