@@ -142,6 +142,20 @@ def run(cfg) -> dict:
     fmt = cfg.get("format", "text")
     if fmt not in ("text", "json"):
         raise ConfigError(f"format={fmt!r} is not one of text|json")
+    if cfg.get("traces"):  # the executor's own runs: every op in the step where it ran
+        from paratwin.fittraces import fit_from_traces
+        from paratwin.fittraces import format_report as format_traces
+
+        def where(cluster: ClusterSpec) -> tuple[Path, str]:
+            path = profile_path(cfg, cluster)
+            check_writable(path)
+            return path, str(cfg.get("name") or cluster.name)
+
+        report = fit_from_traces(cfg, where, lambda: rundir.claim(
+            out_dir(cfg, "calibrate"), "calibrate", bool(cfg.get("force", False))))
+        Path(report["run_dir"], "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        print(json.dumps(report, indent=2, default=float) if fmt == "json" else format_traces(report))
+        return report
     if cfg.get("runs"):  # measured step times of whole runs, not microbenchmarks
         from paratwin.fitruns import fit_from_runs, format_report
 

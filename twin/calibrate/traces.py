@@ -1,0 +1,328 @@
+"""Fit the cost model to the executor's own runs: every measured op in the step where it ran.
+
+A run directory written by ``paratwin execute`` holds the job and every op's span
+(``spans.json``). Its measured steps (after the warm-up) become measurements of three kinds:
+
+- **kernels**: the duration of each compute op, grouped by what its cost depends on (kind,
+  dtype, shape, FLOPs, bytes): median and p10-p90 over its instances, as a row of
+  ``kernels.csv`` (``paratwin bench``), so the same roofline fit applies;
+- **collectives**: a collective instance lasts from when its last member arrived to when
+  it ended, i.e. the shortest member's span (clock-free: each span is one rank's clock);
+  grouped by kind, group size and bytes, as a row of ``collectives.csv``;
+- **host gaps**: the time between an op ending and the next op of the same stream
+  starting when nothing else held the next one back (all its dependencies on that stream):
+  what the rank's host spends between ops (dispatch, the executor's bookkeeping).
+
+Only **quiet** instances are kept: a compute op during which no communication ran on its
+node, a collective during which no compute ran there. The twin adds the contention itself
+(shared cores on one host, ``overlap_slowdown`` on a GPU), so fitting contended times would
+count it twice. On a host without accelerators (``shared_cpu``) the rank's host thread
+runs the kernels too: its gap is part of each op's time and goes into the kind's
+``launch_us``; on a GPU the host runs ahead of the device and the gap is the kind's issue
+time, ``host_us``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from twin import rundir
+from twin.calibrate.fit import robust_cv
+from twin.calibrate.profile import fit_collectives, fit_kernels
+from twin.cost import CostModel, default_cost_model
+from twin.schedule.builder import build_schedule
+from twin.schedule.ir import Op
+from twin.spec import Job
+from twin.spec.io import job_from_dict
+from twin.trace import Span, Trace
+
+KERNEL_KINDS = ("gemm", "attention", "elementwise", "optimizer")
+
+
+class TraceError(ValueError):
+    """A directory that is not a usable executor run (named, with the fix)."""
+
+
+@dataclass
+class TracedRun:
+    """One executor run directory: its job, its measured spans and step times."""
+
+    path: Path
+    job: Job
+    spans: list[Span]
+    """Spans of the measured steps (warm-up dropped), memory bookkeeping dropped."""
+    ops: dict[tuple[int, str], Op]
+    """(rank, op name) -> the schedule's op."""
+    programs: dict[int, list[Op]]
+    step_s: float
+    step_p10_s: float
+    step_p90_s: float
+    meta: dict = dataclasses.field(default_factory=dict)
+    """The trace's metadata: backend, host, torch version, ..."""
+
+
+def load_run(path: str | Path) -> TracedRun:
+    """A run directory of ``paratwin execute``; TraceError naming what is missing."""
+    path = Path(path)
+    if not path.is_dir():
+        raise TraceError(f"traces: {path} is not a directory; give run directories written "
+                         "by `paratwin execute`")
+    trace_file = rundir.find_trace(path)
+    summary = rundir.read_summary(path)
+    if trace_file is None or summary is None:
+        missing = "spans.json" if trace_file is None else "summary.json"
+        raise TraceError(f"traces: {path} has no {missing}; it is not a finished "
+                         "`paratwin execute` run (run it again, or leave it out)")
+    try:
+        trace = Trace.load(trace_file)
+    except (OSError, ValueError) as err:
+        raise TraceError(f"traces: {trace_file} is not a paratwin trace ({err})") from None
+    if trace.meta.get("source") != "executor" or "job" not in trace.meta:
+        raise TraceError(f"traces: {trace_file} was not measured by `paratwin execute` "
+                         f"(source {trace.meta.get('source')!r}); a twin trace predicts, it "
+                         "does not measure")
+    job = job_from_dict(trace.meta["job"])
+    warmup = int(trace.meta.get("warmup", 0) or 0)
+    spans = [s for s in trace.spans if s.step >= warmup and s.stream != "mem"]
+    if not spans:
+        raise TraceError(f"traces: {path} holds no measured step after its {warmup} warm-up "
+                         "steps; execute with more steps")
+    schedule = build_schedule(job)
+    ranks = sorted({s.rank for s in spans})
+    programs = {r: schedule.program(r).ops for r in ranks}
+    ops = {(r, op.name): op for r in ranks for op in programs[r]}
+    step = float(summary.get("step_time_s") or 0.0)
+    if step <= 0:
+        raise TraceError(f"traces: {path}/summary.json has no measured step time")
+    return TracedRun(path, job, spans, ops, programs, step,
+                     float(summary.get("step_time_p10_s") or step),
+                     float(summary.get("step_time_p90_s") or step), dict(trace.meta))
+
+
+def _busy(spans: Iterable[Span], node_of) -> dict[tuple[int, int, bool], np.ndarray]:
+    """(step, node, is_compute) -> sorted [start, end] intervals of that activity."""
+    out: dict[tuple[int, int, bool], list] = defaultdict(list)
+    for s in spans:
+        out[(s.step, node_of(s.rank), s.stream == "compute")].append((s.start_us, s.end_us))
+    return {k: np.array(sorted(v)) for k, v in out.items()}
+
+
+def _overlaps(intervals: np.ndarray | None, start: float, end: float, tol: float) -> bool:
+    """Whether any interval overlaps [start, end] by more than ``tol`` of its length."""
+    if intervals is None or not len(intervals):
+        return False
+    lo = np.maximum(intervals[:, 0], start)
+    hi = np.minimum(intervals[:, 1], end)
+    return bool(np.sum(np.clip(hi - lo, 0.0, None)) > tol * max(end - start, 1e-9))
+
+
+def _flops(op: Op) -> float:
+    """The FLOPs the cost model times (``CostModel.compute_time``): a causal attention
+    kernel skips the masked half of the square."""
+    causal = op.kind == "attention" and len(op.shape) > 5 and op.shape[5]
+    return op.flops * (0.5 if causal else 1.0)
+
+
+QUIET_TOL = 0.05
+"""An op is quiet when the other activity on its node overlaps under 5% of it."""
+
+
+def _stats(times: list[float]) -> dict:
+    """The spread of an op's instances; ``time_s_median`` (the column the fits read) holds
+    their trimmed mean: a step pays the sum of its ops, so their mean, and a rare
+    descheduling of the rank is trimmed as noise."""
+    from scipy.stats import trim_mean
+
+    t = np.asarray(times, float)
+    return {"time_s_median": float(trim_mean(t, GAP_TRIM)), "time_s_p10": float(np.percentile(t, 10)),
+            "time_s_p90": float(np.percentile(t, 90)), "samples": len(t)}
+
+
+def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict[str, list[float]]]:
+    """Kernel rows, collective rows (as ``paratwin bench`` writes them) and host gaps (us,
+    per kind of the op that waited) of the quiet op instances of ``runs``."""
+    kernels: dict[tuple, list[float]] = defaultdict(list)
+    colls: dict[tuple, list[float]] = defaultdict(list)
+    gaps: dict[str, list[float]] = defaultdict(list)
+    handoff: dict[str, list[float]] = defaultdict(list)
+    skew: dict[str, list[float]] = defaultdict(list)
+    for run in runs:
+        gpn = run.job.cluster.gpus_per_node
+        busy = _busy(run.spans, lambda r, gpn=gpn: r // gpn)
+        members: dict[tuple, list[Span]] = defaultdict(list)
+        for s in run.spans:
+            op = run.ops.get((s.rank, s.op))
+            if op is None:
+                continue
+            if op.is_compute and op.kind in KERNEL_KINDS:
+                if not _overlaps(busy.get((s.step, s.rank // gpn, False)), s.start_us, s.end_us,
+                                 QUIET_TOL):
+                    kernels[(op.kind, op.dtype, _flops(op), op.bytes, op.shape)].append(s.dur_us * 1e-6)
+            elif op.is_collective:
+                members[(s.step, op.group, op.name)].append(s)
+        for (_step, group, name), got in members.items():
+            if len(got) < len(group):
+                continue  # a member's span is missing (a partial trace)
+            last = min(got, key=lambda s: s.dur_us)  # the last to arrive: the transfer itself
+            starts = [m.start_us for m in got]
+            skew[f"{last.kind}/intra/{len(group)}"].append(max(starts) - sum(starts) / len(starts))
+            op = run.ops[(last.rank, name)]
+            colls[(op.kind, len(group), op.bytes)].append(last.dur_us * 1e-6)
+        _gaps(run, gaps, handoff)
+    kernel_rows = [{"kind": k[0], "dtype": k[1], "flops": k[2], "bytes": k[3], **_stats(t)}
+                   for k, t in kernels.items()]
+    coll_rows = [{"kind": k[0], "group_size": k[1], "bytes": k[2], **_stats(t)}
+                 for k, t in colls.items()]
+    return kernel_rows, coll_rows, dict(gaps), dict(handoff), dict(skew)
+
+
+def _gaps(run: TracedRun, gaps: dict, handoff: dict) -> None:
+    """Per op, the time between what it waited for ending and its start: a compute op held
+    back by its own stream only (``gaps``, per kind: the host between ops), a collective
+    after the compute it needs and an op woken by a collective (``handoff``, per
+    collective kind: handing work to and from the thread that runs it)."""
+    for rank, prog in run.programs.items():
+        named: dict[int, dict[str, Span]] = defaultdict(dict)
+        for s in run.spans:
+            if s.rank == rank:
+                named[s.step][s.op] = s
+        for spans in named.values():
+            last_end: dict[str, float] = {}
+            for op in prog:
+                s = spans.get(op.name)
+                if s is None:
+                    continue
+                deps = [prog[d] for d in op.deps if prog[d].name in spans]
+                ready = max([spans[d.name].end_us for d in deps] +
+                            ([last_end[op.stream]] if op.stream in last_end else []), default=None)
+                last_end[op.stream] = s.end_us
+                if ready is None:
+                    continue
+                gap = max(0.0, s.start_us - ready)
+                waited = [d for d in deps if d.stream != op.stream]
+                if op.is_compute and op.kind in KERNEL_KINDS:
+                    if not waited:
+                        gaps[op.kind].append(gap)
+                    elif all(d.is_collective for d in waited):
+                        handoff[waited[0].kind].append(gap)
+                elif op.is_collective and waited and all(d.is_compute for d in waited):
+                    handoff[op.kind].append(gap)
+
+
+GAP_TRIM = 0.1
+"""Host gaps are averaged with the top and bottom 10% trimmed: a step pays their sum, but a
+rare descheduling of the rank is noise, not the host's cost."""
+
+
+def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
+               ) -> tuple[CostModel, dict]:
+    """The profile fitted from ``runs`` (one cluster) and a report of every fit.
+
+    ``base``: where the fit starts (the cluster's profile); what the traces do not measure
+    (a collective seen at one size only, cores and interference) is kept from it."""
+    from scipy.stats import trim_mean
+
+    if not runs:
+        raise TraceError("traces: no run directories given")
+    cluster = runs[0].job.cluster
+    others = sorted({str(r.path) for r in runs if r.job.cluster.name != cluster.name})
+    if others:
+        raise TraceError(f"traces: runs of one cluster only; {', '.join(others)} ran on another "
+                         f"cluster than {runs[0].path} ({cluster.name})")
+    base = base or default_cost_model(cluster)
+    krows, crows, gaps, handoff, skew = measurements(runs)
+    if not krows:
+        raise TraceError("traces: no compute op ran alone on its node in these runs; nothing "
+                         "to fit (run with fewer ranks than cores, or add runs)")
+    dtypes = sorted({r["dtype"] for r in krows})
+    dtype = "fp32" if "fp32" in dtypes and cluster.intra.kind == "shared_cpu" else dtypes[0]
+    defaults, by_dtype, kfits = fit_kernels(krows, cluster, base, dtype)
+    cpu = cluster.intra.kind == "shared_cpu"
+    gap_us = {k: float(trim_mean(v, GAP_TRIM)) for k, v in gaps.items() if v}
+
+    def with_gap(kind: str, k):
+        g = gap_us.get(kind, 0.0)
+        return dataclasses.replace(k, launch_us=k.launch_us + g) if cpu else \
+            dataclasses.replace(k, host_us=g)
+
+    defaults = {kind: with_gap(kind, k) for kind, k in defaults.items()}
+    by_dtype = {dt: {kind: with_gap(kind, k) for kind, k in ks.items()}
+                for dt, ks in by_dtype.items()}
+    cfits, _ = fit_collectives(crows)
+    cfits.update(latency_only(crows, cfits, base))
+    handoff_us = {k: float(trim_mean(v, GAP_TRIM)) for k, v in handoff.items() if v}
+    skew_us = {k: float(trim_mean(v, GAP_TRIM)) for k, v in skew.items() if v}
+    for key, fit in cfits.items():
+        # the last member arrives after the others by their noise, which the twin's
+        # identical ranks do not have: on average max(arrival) - mean(arrival) more
+        fit["latency_us"] += skew_us.get(key, 0.0)
+        if cpu:  # the rank's threads hand a collective over and back
+            fit["latency_us"] += handoff_us.get(key.split("/")[0], 0.0)
+    changes: dict = {**defaults, "kernels_by_dtype": {
+        **base.kernels_by_dtype, **{dt: {**base.kernels_by_dtype.get(dt, {}), **ks}
+                                    for dt, ks in by_dtype.items()}},
+                     "collective_fits": {**base.collective_fits, **cfits}}
+    timed = [(r["time_s_median"], r["time_s_p10"], r["time_s_p90"]) for r in krows
+             if r["time_s_median"] > 2e-3]
+    if timed:
+        changes["compute_cv"] = robust_cv(timed)
+    comm = [(r["time_s_median"], r["time_s_p10"], r["time_s_p90"]) for r in crows]
+    if comm:
+        changes["comm_cv"] = robust_cv(comm)
+    meta = runs[0].meta
+    provenance = {"source": "traces", "cluster": cluster.name,
+                  **{k: meta[k] for k in ("backend", "host", "torch_version", "device")
+                     if k in meta},
+                  **({"gpus": []} if meta.get("backend") == "gloo" else {}),
+                  "runs": [str(r.path) for r in runs], "base": base.name,
+                  "fit_residuals": {
+                      "kernels_median": _median([f.median_abs_residual for f in kfits.values()]),
+                      "collectives_median": _median([v["residual_median"]
+                                                     for v in cfits.values()])}}
+    profile = dataclasses.replace(base, name=name, provenance=provenance, **changes)
+    report = {
+        "kernels": {k: {"params": f.params, "residual_median": f.median_abs_residual,
+                        "residual_max": f.max_abs_residual, "points": len(f.residuals)}
+                    for k, f in kfits.items()},
+        "collectives": cfits,
+        "host_gap_us": {k: {"mean_trimmed": g, "median": float(np.median(gaps[k])),
+                            "samples": len(gaps[k]), "into": "launch_us" if cpu else "host_us"}
+                        for k, g in gap_us.items()},
+        "handoff_us": {k: {"mean_trimmed": g, "samples": len(handoff[k]),
+                           "into": "latency_us" if cpu else "not used"}
+                       for k, g in handoff_us.items()},
+        "skew_us": {k: {"mean_trimmed": g, "samples": len(skew[k]), "into": "latency_us"}
+                    for k, g in skew_us.items()},
+        "collectives_kept": sorted(set(base.collective_fits) - set(cfits)),
+        "measured": {"kernel_rows": len(krows), "collective_rows": len(crows)},
+    }
+    return profile, report
+
+
+def latency_only(rows: list[dict], fitted: dict, base: CostModel) -> dict:
+    """Collectives measured at one size only: their latency, the bandwidth kept from ``base``
+    (a traced run repeats few sizes; small ones are all latency)."""
+    sizes: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        sizes[f"{r['kind']}/intra/{int(r['group_size'])}"].append(r)
+    out = {}
+    for key, got in sizes.items():
+        old = base.collective_fits.get(key)
+        if key in fitted or old is None:
+            continue
+        bw = float(old["bw_GBps"]) * 1e9
+        lat = [max(0.0, r["time_s_median"] - r["bytes"] / bw) for r in got]
+        out[key] = {"latency_us": float(np.median(lat)) * 1e6, "bw_GBps": bw / 1e9,
+                    "residual_median": 0.0, "residual_max": 0.0, "points": len(got)}
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
