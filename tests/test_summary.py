@@ -42,3 +42,22 @@ def test_summary_reads_like_its_dict_and_round_trips(summary):
 def test_a_dict_without_the_metrics_is_not_a_summary():
     with pytest.raises(ValueError, match="missing .*step_time_s"):
         Summary.from_dict({"hello": 1})
+
+
+def test_peak_memory_adds_what_the_alloc_ops_leave_out():
+    """A rank's peak is its tensors' peak (the alloc/free spans) plus the static model's
+    transients, workspaces, allocator reserve, NCCL buffers and CUDA context."""
+    from tests.conftest import cluster, gpt
+    from twin.metrics import OVERHEADS, peak_memory
+    from twin.sim.run import simulate
+    from twin.spec import ParallelPlan, build_job
+    from twin.workload.memory import rank_memory
+
+    job = build_job(gpt(), cluster(1, 2), ParallelPlan(dp=2, zero_stage=3, global_batch_size=2))
+    summary = simulate(job).summary
+    over = summary.extra["peak_memory_overheads_bytes"]
+    static = rank_memory(job, 0)
+    assert over == {k: getattr(static, k) for k in OVERHEADS} and over["cuda_context"] > 0
+    tensors = peak_memory([s for s in simulate(job).trace.spans if s.rank == 0])
+    assert summary.peak_memory_bytes["0"] == tensors + sum(over.values())
+    assert summary.fits_memory == (summary.peak_memory_max_bytes <= job.cluster.hbm_bytes)

@@ -164,8 +164,10 @@ def summarize(trace: Trace, job: Job, step_times_s: list[float] | None = None) -
     flops = model_flops_per_step(model, par.global_batch_size)
     peak = job.cluster.gpu.peak_flops(model.dtype)
     tokens = par.global_batch_size * model.seq_len
-    mem = {r: max(s["peak_memory_bytes"].get(r, 0.0) for s in stats.values())
-           for r in st["peak_memory_bytes"]}
+    tensors = {r: max(s["peak_memory_bytes"].get(r, 0.0) for s in stats.values())
+               for r in st["peak_memory_bytes"]}
+    extra = overheads(job, tensors)
+    mem = {r: t + sum(extra[r].values()) for r, t in tensors.items()}
     ranks = sorted(st["compute_us"])
 
     def q(p: float) -> float:
@@ -192,4 +194,27 @@ def summarize(trace: Trace, job: Job, step_times_s: list[float] | None = None) -
         world_size=world,
         model_flops_per_step=flops,
         tokens_per_step=tokens,
+        extra={"peak_memory_overheads_bytes": extra[max(mem, key=mem.get)] if mem else {}},
     )
+
+
+OVERHEADS = ("temporary", "workspace", "allocator_reserve", "comm_buffers", "cuda_context")
+"""What the schedule's alloc/free ops leave out (``twin.workload.memory``): the largest
+kernel's transients, cuBLAS workspaces, the caching allocator's reserve, NCCL's buffers and
+the CUDA context. A rank's peak memory is its tensors' peak over the step plus these."""
+
+
+def overheads(job: Job, ranks) -> dict[int, dict[str, float]]:
+    """Per rank, the static model's categories beyond the tensors (the same for every rank
+    of one pipeline stage, so computed once per stage)."""
+    from twin.workload.memory import rank_memory
+
+    by_stage: dict[int, dict[str, float]] = {}
+    out = {}
+    for r in ranks:
+        stage = job.grid.coord(r, "pp")
+        if stage not in by_stage:
+            m = rank_memory(job, r)
+            by_stage[stage] = {k: float(getattr(m, k)) for k in OVERHEADS}
+        out[r] = by_stage[stage]
+    return out

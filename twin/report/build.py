@@ -89,7 +89,10 @@ def trace_sections(runs: list[rd.Run], opts: Options) -> list[Section]:
                            "in until each op has its own (with its hover). ")
         out.append(Section(f"timeline-{len(out)}", f"timeline: {r.name}",
                            _html.escape(lanes_note + note), [fig]))
-        mfig, mnote = memory.memory_figure(r.trace, r.hbm_bytes, f"memory over time: {r.name}")
+        over = s.get("peak_memory_overheads_bytes")  # what the alloc/free ops leave out
+        static = {rank: over for rank in {sp.rank for sp in r.trace.spans}} if over else None
+        mfig, mnote = memory.memory_figure(r.trace, r.hbm_bytes, f"memory over time: {r.name}",
+                                           static=static)
         out.append(Section(f"memory-{len(out)}", f"memory: {r.name}", _html.escape(
             "Live bytes per category, stacked; dashed red: device memory. " + mnote),
             [mfig] if mfig else []))
