@@ -170,8 +170,11 @@ def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict[st
             if len(got) < len(group):
                 continue  # a member's span is missing (a partial trace)
             last = min(got, key=lambda s: s.dur_us)  # the last to arrive: the transfer itself
-            starts = [m.start_us for m in got]
-            skew[f"{last.kind}/intra/{len(group)}"].append(max(starts) - sum(starts) / len(starts))
+            if len({run.job.grid.coord(r, "pp") for r in group}) == 1:
+                # members with one program (dp/tp peers of a stage): their spread is noise;
+                # between pipeline stages it is structure, which the twin simulates
+                starts = [m.start_us for m in got]
+                skew[f"{last.kind}/intra/{len(group)}"].append(max(starts) - sum(starts) / len(starts))
             op = run.ops[(last.rank, name)]
             colls[(op.kind, len(group), op.bytes)].append(last.dur_us * 1e-6)
         _gaps(run, gaps, handoff)
