@@ -112,15 +112,17 @@ class CostModel:
             return by[kind]
         return getattr(self, kind)
 
-    def collective_fit(self, kind: str, link: str, n: int) -> dict | None:
-        """The fit for this kind and link class at group size n (the nearest size measured)."""
+    def collective_fit(self, kind: str, link: str, n: int, role: str = "") -> dict | None:
+        """The fit for this kind and link class at group size n (the nearest size measured),
+        the group's role's own (``kind/link/n@role``, e.g. ``@tp``) before the others."""
         if not self.collective_fits:
             return None
         best, dist = None, None
         for key, fit in self.collective_fits.items():
             k, lnk, size = key.split("/")
-            if k == kind and lnk == link:
-                d = abs(math.log(int(size) / n))
+            size, _, r = size.partition("@")
+            if k == kind and lnk == link and r in ("", role):
+                d = (abs(math.log(int(size) / n)), not r)
                 if dist is None or d < dist:
                     best, dist = fit, d
         return best
@@ -337,9 +339,10 @@ def _fits(problems: list[str], fits: object) -> None:
     for key, fit in fits.items():
         kind, _, rest = str(key).partition("/")
         link, _, n = rest.partition("/")
+        n = n.partition("@")[0]  # kind/link/n@role: the fit of one group role's collectives
         if not kind or link not in ("intra", "inter") or not n.isdigit() or int(n) < 1:
-            problems.append(f"collective_fits.{key} must be named kind/link/n with link intra "
-                            "or inter and n the group size (e.g. all_reduce/intra/8)")
+            problems.append(f"collective_fits.{key} must be named kind/link/n[@role] with link "
+                            "intra or inter and n the group size (e.g. all_reduce/intra/8@tp)")
             continue
         _section(problems, f"collective_fits.{key}", fit, FIT_RANGES, FIT_EXTRA)
         if isinstance(fit, dict) and not set(FIT_RANGES) <= set(fit):

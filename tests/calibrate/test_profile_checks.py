@@ -101,8 +101,8 @@ def test_malformed_sections_and_fit_names_are_named():
     msg = _error(data)
     assert "gemm=[0.7] must be a mapping of efficiency, half_flops, mem_efficiency, launch_us" \
         in msg
-    assert "collective_fits.all_reduce/ring/2 must be named kind/link/n with link intra or " \
-           "inter" in msg
+    assert "collective_fits.all_reduce/ring/2 must be named kind/link/n[@role] with link " \
+           "intra or inter" in msg
     assert "collective_fits.broadcast/intra/2 needs latency_us and bw_GBps" in msg
 
 

@@ -143,3 +143,28 @@ def test_cli_fits_runs_and_prints_them_in_sample(tmp_path):
     for row in report["runs"]:  # the twin's own runs, refitted: predicted as simulated
         assert row["error"] == pytest.approx(0.0, abs=0.03)
     assert CostModel.load(out).gemm.efficiency == pytest.approx(TRUE.gemm.efficiency, rel=0.02)
+
+
+def test_each_group_role_gets_its_own_fit_and_the_twin_prefers_it(tmp_path):
+    """kind/intra/n@role fits (tp, dp, ...) beside the pooled one; a collective of that role
+    is timed by its own fit, others by the pooled one."""
+    runs = [load_run(_write_run(tmp_path / f"h{h}", _job(h, tp=1, dp=2))) for h in (256, 512, 1024)]
+    prof, report = fit_traces(runs, "fitted", CostModel())
+    roles = {k.partition("@")[2] for k in report["collectives"]}
+    assert "dp" in roles and "" in roles
+    fast = {**prof.collective_fits["all_reduce/intra/2@dp"], "latency_us": 0.0}
+    own = prof.collective_fit("all_reduce", "intra", 2, "dp")
+    assert own["latency_us"] == pytest.approx(20.0, rel=0.02)
+    prof = dataclasses.replace(prof, collective_fits={**prof.collective_fits,
+                                                      "all_reduce/intra/2@dp": fast})
+    assert prof.collective_fit("all_reduce", "intra", 2, "dp") is fast
+    assert prof.collective_fit("all_reduce", "intra", 2, "tp")["latency_us"] > 0  # pooled
+    assert CostModel.from_dict(prof.to_dict()).collective_fits == prof.collective_fits  # valid keys
+
+
+def test_a_role_key_must_still_name_kind_link_and_size():
+    from twin.cost import profile_problems
+
+    data = CostModel().to_dict()
+    data["collective_fits"] = {"all_reduce/intra/x@tp": {"latency_us": 1.0, "bw_GBps": 1.0}}
+    assert any("kind/link/n[@role]" in p for p in profile_problems(data))

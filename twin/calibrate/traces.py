@@ -174,13 +174,16 @@ def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict[st
                 # members with one program (dp/tp peers of a stage): their spread is noise;
                 # between pipeline stages it is structure, which the twin simulates
                 starts = [m.start_us for m in got]
-                skew[f"{last.kind}/intra/{len(group)}"].append(max(starts) - sum(starts) / len(starts))
+                spread = max(starts) - sum(starts) / len(starts)
+                skew[f"{last.kind}/intra/{len(group)}"].append(spread)
+                skew[f"{last.kind}/intra/{len(group)}@{op.group_name}"].append(spread)
             op = run.ops[(last.rank, name)]
-            colls[(op.kind, len(group), op.bytes)].append(last.dur_us * 1e-6)
+            for role in ("", op.group_name):  # every group, and each role's (tp, dp, ...) own
+                colls[(op.kind, len(group), op.bytes, role)].append(last.dur_us * 1e-6)
         _gaps(run, gaps, handoff)
     kernel_rows = [{"kind": k[0], "dtype": k[1], "flops": k[2], "bytes": k[3], **_stats(t)}
                    for k, t in kernels.items()]
-    coll_rows = [{"kind": k[0], "group_size": k[1], "bytes": k[2], **_stats(t)}
+    coll_rows = [{"kind": k[0], "group_size": k[1], "bytes": k[2], "role": k[3], **_stats(t)}
                  for k, t in colls.items()]
     return kernel_rows, coll_rows, dict(gaps), dict(handoff), dict(skew)
 
@@ -257,8 +260,14 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
     defaults = {kind: with_gap(kind, k) for kind, k in defaults.items()}
     by_dtype = {dt: {kind: with_gap(kind, k) for kind, k in ks.items()}
                 for dt, ks in by_dtype.items()}
-    cfits, _ = fit_collectives(crows)
-    cfits.update(latency_only(crows, cfits, base))
+    every = [r for r in crows if not r["role"]]
+    cfits, _ = fit_collectives(every)
+    cfits.update(latency_only(every, cfits, base.collective_fits))
+    for role in sorted({r["role"] for r in crows} - {""}):  # kind/intra/n@role: one role's own
+        rows = [r for r in crows if r["role"] == role]
+        own = {f"{k}@{role}": v for k, v in fit_collectives(rows)[0].items()}
+        cfits.update(own)
+        cfits.update(latency_only(rows, own, {**base.collective_fits, **cfits}, f"@{role}"))
     handoff_us = {k: float(trim_mean(v, GAP_TRIM)) for k, v in handoff.items() if v}
     skew_us = {k: float(trim_mean(v, GAP_TRIM)) for k, v in skew.items() if v}
     for key, fit in cfits.items():
@@ -275,7 +284,7 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
              if r["time_s_median"] > 2e-3]
     if timed:
         changes["compute_cv"] = robust_cv(timed)
-    comm = [(r["time_s_median"], r["time_s_p10"], r["time_s_p90"]) for r in crows]
+    comm = [(r["time_s_median"], r["time_s_p10"], r["time_s_p90"]) for r in every]
     if comm:
         changes["comm_cv"] = robust_cv(comm)
     meta = runs[0].meta
@@ -308,15 +317,15 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
     return profile, report
 
 
-def latency_only(rows: list[dict], fitted: dict, base: CostModel) -> dict:
-    """Collectives measured at one size only: their latency, the bandwidth kept from ``base``
-    (a traced run repeats few sizes; small ones are all latency)."""
+def latency_only(rows: list[dict], fitted: dict, fits: dict, suffix: str = "") -> dict:
+    """Collectives measured at one size only: their latency, the bandwidth kept from ``fits``
+    (a traced run repeats few sizes; small ones are all latency); keys end in ``suffix``."""
     sizes: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         sizes[f"{r['kind']}/intra/{int(r['group_size'])}"].append(r)
     out = {}
-    for key, got in sizes.items():
-        old = base.collective_fits.get(key)
+    for plain, got in sizes.items():
+        key, old = plain + suffix, fits.get(plain)
         if key in fitted or old is None:
             continue
         bw = float(old["bw_GBps"]) * 1e9

@@ -132,11 +132,11 @@ class Simulation:
                                   for r, x, c in zip(b.resources, b.weights, b.byte_costs))
 
     def _fitted(self, kind: str, group: tuple[int, ...], nbytes: float,
-                specs: list[Bundle | None], lat: list[float]) -> Fitted:
+                specs: list[Bundle | None], lat: list[float], role: str = "") -> Fitted:
         """Apply a measured latency/bandwidth fit: same phases and contention, scaled so the
         uncontended time is the fit's latency + S / bw."""
         link = "inter" if self.topo.grid.nodes_spanned(group) > 1 else "intra"
-        fit = self.cost.collective_fit(kind, link, len(group))
+        fit = self.cost.collective_fit(kind, link, len(group), role)
         if fit is None:
             return Fitted(specs, lat, self.cost.base_latency_us * 1e-6)
         ideal = sum(self._uncontended_s(sp) for sp in specs if sp is not None)
@@ -160,10 +160,10 @@ class Simulation:
         rv.members_left -= 1
         if rv.members_left == 0:
             del self._rv[(op.group, op.name)]
-            phases = plan_collective(op.kind, op.group, op.bytes, self.topo, self.opt.algorithm,
-                                     op.root)
-            specs = [self._bundle_spec(ph.flows) for ph in phases]
-            fit = self._fitted(op.kind, op.group, op.bytes, specs, [ph.latency_s for ph in phases])
+            ph = plan_collective(op.kind, op.group, op.bytes, self.topo, self.opt.algorithm,
+                                 op.root)
+            specs = [self._bundle_spec(p.flows) for p in ph]
+            fit = self._fitted(op.kind, op.group, op.bytes, specs, [p.latency_s for p in ph], op.group_name)
             self._next_phase(fit.bundles, fit.latencies_s, 0, rv.done,
                              self._noise(self.cost.comm_cv), fit.base_latency_s)
             if self.on_progress and len(op.group) >= 1024:
