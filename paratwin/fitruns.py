@@ -60,16 +60,27 @@ def holdout_test(expr: str):
     return test
 
 
-def nccl_files(spec) -> list[Path]:
-    """Files named by ``nccl_tests=`` (paths or glob patterns)."""
-    items = [spec] if isinstance(spec, str) else list(spec or [])
+def expand_paths(spec, key: str, what: str = "file") -> list[Path]:
+    """Paths named by ``key=``: a list, or a string of comma-separated items, each a path or
+    a glob pattern; a pattern that matches nothing is an error naming it."""
+    items = str(spec).split(",") if isinstance(spec, str) else list(spec or [])
     out: list[Path] = []
-    for item in items:
-        hits = sorted(glob.glob(str(item)))
-        if not hits:
-            raise ConfigError(f"nccl_tests: {item} matches no file")
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        if not glob.has_magic(item):
+            if not Path(item).exists():
+                raise ConfigError(f"{key}: {item} does not exist; give an existing {what}")
+            hits = [item]
+        elif not (hits := sorted(glob.glob(item))):
+            raise ConfigError(f"{key}: {item} matches no {what}")
         out += [Path(h) for h in hits]
     return out
+
+
+def nccl_files(spec) -> list[Path]:
+    """Files named by ``nccl_tests=`` (paths or glob patterns)."""
+    return expand_paths(spec, "nccl_tests")
 
 
 def _model(job) -> str:

@@ -10,11 +10,11 @@ to other runs with `paratwin validate calibration=PROFILE`).
 
 from __future__ import annotations
 
-import glob
 import sys
 from pathlib import Path
 
 from paratwin.config import load_profile
+from paratwin.fitruns import expand_paths
 from twin import rundir
 from twin.calibrate.traces import TraceError, fit_traces, load_run
 from twin.sim.run import simulate
@@ -23,15 +23,7 @@ from twin.spec import ConfigError
 
 def trace_dirs(spec) -> list[Path]:
     """Directories named by ``traces=`` (a list, a comma-separated string, glob patterns)."""
-    items = [s for s in str(spec).split(",")] if isinstance(spec, str) else list(spec or [])
-    out: list[Path] = []
-    for item in (str(i).strip() for i in items):
-        if not item:
-            continue
-        hits = sorted(glob.glob(item)) if any(c in item for c in "*?[") else [item]
-        if not hits:
-            raise ConfigError(f"traces: {item} matches no directory")
-        out += [Path(h) for h in hits]
+    out = expand_paths(spec, "traces", "run directory")
     if not out:
         raise ConfigError("traces= names no run directory; give the directories of "
                           "`paratwin execute` runs, e.g. traces=[runs/a,runs/b] or traces='runs/*'")

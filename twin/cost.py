@@ -130,9 +130,7 @@ class CostModel:
     def compute_time(self, op: Op, gpu: GPUSpec) -> float:
         """Seconds of one compute op on ``gpu`` (roofline with this profile's efficiencies)."""
         k = self.kernel(op.kind, op.dtype)
-        flops = op.flops
-        if op.kind == "attention" and len(op.shape) > 5 and op.shape[5]:
-            flops *= 0.5  # a causal kernel skips the masked half of the square
+        flops = timed_flops(op)
         t = 0.0
         if flops:
             eff = k.efficiency * (flops / (flops + k.half_flops) if k.half_flops else 1.0)
@@ -228,6 +226,12 @@ class CostModel:
                 f"job runs on {cluster.name}: its efficiencies and collective fits describe the "
                 f"other hardware; calibrate this one (`paratwin calibrate cluster={cluster.name}`)"
                 " or leave calibration unset for the published defaults")
+
+
+def timed_flops(op: Op) -> float:
+    """The FLOPs a compute op is timed by: a causal attention kernel skips the masked half."""
+    causal = op.kind == "attention" and len(op.shape) > 5 and op.shape[5]
+    return op.flops * (0.5 if causal else 1.0)
 
 
 # -- checking a profile's data: every key known, every number in range ----------------------

@@ -138,13 +138,13 @@ def build_profile(bench_dir: Path, cluster: ClusterSpec, name: str, dtype: str,
         k: meta.get(k) for k in ("host", "cpu", "gpus", "torch_version", "backend", "world_size",
                                  "date") if k in meta},
         "fit_residuals": {
-            "kernels_median": _median([v["residual_median"] for v in report["kernels"].values()]),
-            "collectives_median": _median([v["residual_median"]
+            "kernels_median": median_or_none([v["residual_median"] for v in report["kernels"].values()]),
+            "collectives_median": median_or_none([v["residual_median"]
                                            for v in report["collectives"].values()])}}
     profile = dataclasses.replace(base, name=name, provenance=provenance, **changes)
     return profile, report
 
 
-def _median(xs: list[float]) -> float | None:
+def median_or_none(xs: list[float]) -> float | None:
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else None

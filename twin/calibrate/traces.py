@@ -3,23 +3,24 @@
 A run directory written by ``paratwin execute`` holds the job and every op's span
 (``spans.json``). Its measured steps (after the warm-up) become measurements of three kinds:
 
-- **kernels**: the duration of each compute op, grouped by what its cost depends on (kind,
-  dtype, shape, FLOPs, bytes): median and p10-p90 over its instances, as a row of
-  ``kernels.csv`` (``paratwin bench``), so the same roofline fit applies;
-- **collectives**: a collective instance lasts from when its last member arrived to when
-  it ended, i.e. the shortest member's span (clock-free: each span is one rank's clock);
-  grouped by kind, group size and bytes, as a row of ``collectives.csv``;
+- **kernels**: the duration of each compute op during which no communication ran on its
+  node (the twin adds that contention itself: shared cores on one host, ``overlap_slowdown``
+  on a GPU), grouped by what its cost depends on (kind, dtype, shape, the FLOPs it is timed
+  by, bytes): the trimmed mean and p10-p90 over its instances, as a row of ``kernels.csv``
+  (``paratwin bench``), so the same roofline fit applies;
+- **collectives**: every instance, from when its last member arrived to when it ended, i.e.
+  the shortest member's span (clock-free: each span is one rank's clock); grouped by kind,
+  group size and bytes, pooled and per group role (tp, dp, ...), as rows of
+  ``collectives.csv``. Two waits the twin's identical ranks do not have are added to the
+  fitted latency: the members' arrival spread (max - mean, among the peers of one pipeline
+  stage: between stages the spread is structure the twin simulates), and on a host without
+  accelerators the hand-off to and from the thread that runs the collective;
 - **host gaps**: the time between an op ending and the next op of the same stream
   starting when nothing else held the next one back (all its dependencies on that stream):
-  what the rank's host spends between ops (dispatch, the executor's bookkeeping).
-
-Only **quiet** instances are kept: a compute op during which no communication ran on its
-node, a collective during which no compute ran there. The twin adds the contention itself
-(shared cores on one host, ``overlap_slowdown`` on a GPU), so fitting contended times would
-count it twice. On a host without accelerators (``shared_cpu``) the rank's host thread
-runs the kernels too: its gap is part of each op's time and goes into the kind's
-``launch_us``; on a GPU the host runs ahead of the device and the gap is the kind's issue
-time, ``host_us``.
+  what the rank's host spends between ops (dispatch, the executor's bookkeeping). On a host
+  without accelerators (``shared_cpu``) the rank's thread runs the kernels too: the gap is
+  part of each op's time and goes into the kind's ``launch_us``; on a GPU the host runs
+  ahead of the device and the gap is the kind's issue time, ``host_us``.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ import numpy as np
 
 from twin import rundir
 from twin.calibrate.fit import robust_cv
-from twin.calibrate.profile import fit_collectives, fit_kernels
-from twin.cost import CostModel, default_cost_model
+from twin.calibrate.profile import fit_collectives, fit_kernels, median_or_none
+from twin.cost import CostModel, default_cost_model, timed_flops
 from twin.schedule.builder import build_schedule
 from twin.schedule.ir import Op
 from twin.spec import Job
@@ -105,11 +106,12 @@ def load_run(path: str | Path) -> TracedRun:
                      float(summary.get("step_time_p90_s") or step), dict(trace.meta))
 
 
-def _busy(spans: Iterable[Span], node_of) -> dict[tuple[int, int, bool], np.ndarray]:
-    """(step, node, is_compute) -> sorted [start, end] intervals of that activity."""
-    out: dict[tuple[int, int, bool], list] = defaultdict(list)
+def _comm_busy(spans: Iterable[Span], node_of) -> dict[tuple[int, int], np.ndarray]:
+    """(step, node) -> sorted [start, end] intervals of communication there."""
+    out: dict[tuple[int, int], list] = defaultdict(list)
     for s in spans:
-        out[(s.step, node_of(s.rank), s.stream == "compute")].append((s.start_us, s.end_us))
+        if s.stream != "compute":
+            out[(s.step, node_of(s.rank))].append((s.start_us, s.end_us))
     return {k: np.array(sorted(v)) for k, v in out.items()}
 
 
@@ -120,13 +122,6 @@ def _overlaps(intervals: np.ndarray | None, start: float, end: float, tol: float
     lo = np.maximum(intervals[:, 0], start)
     hi = np.minimum(intervals[:, 1], end)
     return bool(np.sum(np.clip(hi - lo, 0.0, None)) > tol * max(end - start, 1e-9))
-
-
-def _flops(op: Op) -> float:
-    """The FLOPs the cost model times (``CostModel.compute_time``): a causal attention
-    kernel skips the masked half of the square."""
-    causal = op.kind == "attention" and len(op.shape) > 5 and op.shape[5]
-    return op.flops * (0.5 if causal else 1.0)
 
 
 QUIET_TOL = 0.05
@@ -144,9 +139,12 @@ def _stats(times: list[float]) -> dict:
             "time_s_p90": float(np.percentile(t, 90)), "samples": len(t)}
 
 
-def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict[str, list[float]]]:
-    """Kernel rows, collective rows (as ``paratwin bench`` writes them) and host gaps (us,
-    per kind of the op that waited) of the quiet op instances of ``runs``."""
+def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict, dict, dict]:
+    """What ``runs`` measured: kernel rows of their quiet compute ops and collective rows of
+    every collective (as ``paratwin bench`` writes them; collectives pooled, ``role`` "", and
+    per group role), then in microseconds the host gaps (per kind of the op that waited),
+    the hand-offs (per collective kind) and the arrival spread (per fit key, pooled and
+    ``@role``)."""
     kernels: dict[tuple, list[float]] = defaultdict(list)
     colls: dict[tuple, list[float]] = defaultdict(list)
     gaps: dict[str, list[float]] = defaultdict(list)
@@ -154,22 +152,22 @@ def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict[st
     skew: dict[str, list[float]] = defaultdict(list)
     for run in runs:
         gpn = run.job.cluster.gpus_per_node
-        busy = _busy(run.spans, lambda r, gpn=gpn: r // gpn)
+        busy = _comm_busy(run.spans, lambda r, gpn=gpn: r // gpn)
         members: dict[tuple, list[Span]] = defaultdict(list)
         for s in run.spans:
             op = run.ops.get((s.rank, s.op))
             if op is None:
                 continue
             if op.is_compute and op.kind in KERNEL_KINDS:
-                if not _overlaps(busy.get((s.step, s.rank // gpn, False)), s.start_us, s.end_us,
-                                 QUIET_TOL):
-                    kernels[(op.kind, op.dtype, _flops(op), op.bytes, op.shape)].append(s.dur_us * 1e-6)
+                if not _overlaps(busy.get((s.step, s.rank // gpn)), s.start_us, s.end_us, QUIET_TOL):
+                    kernels[(op.kind, op.dtype, timed_flops(op), op.bytes, op.shape)].append(s.dur_us * 1e-6)
             elif op.is_collective:
                 members[(s.step, op.group, op.name)].append(s)
         for (_step, group, name), got in members.items():
             if len(got) < len(group):
                 continue  # a member's span is missing (a partial trace)
             last = min(got, key=lambda s: s.dur_us)  # the last to arrive: the transfer itself
+            op = run.ops[(last.rank, name)]
             if len({run.job.grid.coord(r, "pp") for r in group}) == 1:
                 # members with one program (dp/tp peers of a stage): their spread is noise;
                 # between pipeline stages it is structure, which the twin simulates
@@ -177,7 +175,6 @@ def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict[st
                 spread = max(starts) - sum(starts) / len(starts)
                 skew[f"{last.kind}/intra/{len(group)}"].append(spread)
                 skew[f"{last.kind}/intra/{len(group)}@{op.group_name}"].append(spread)
-            op = run.ops[(last.rank, name)]
             for role in ("", op.group_name):  # every group, and each role's (tp, dp, ...) own
                 colls[(op.kind, len(group), op.bytes, role)].append(last.dur_us * 1e-6)
         _gaps(run, gaps, handoff)
@@ -294,9 +291,8 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
                   **({"gpus": []} if meta.get("backend") == "gloo" else {}),
                   "runs": [str(r.path) for r in runs], "base": base.name,
                   "fit_residuals": {
-                      "kernels_median": _median([f.median_abs_residual for f in kfits.values()]),
-                      "collectives_median": _median([v["residual_median"]
-                                                     for v in cfits.values()])}}
+                      "kernels_median": median_or_none([f.median_abs_residual for f in kfits.values()]),
+                      "collectives_median": median_or_none([v["residual_median"] for v in cfits.values()])}}
     profile = dataclasses.replace(base, name=name, provenance=provenance, **changes)
     report = {
         "kernels": {k: {"params": f.params, "residual_median": f.median_abs_residual,
@@ -334,7 +330,3 @@ def latency_only(rows: list[dict], fitted: dict, fits: dict, suffix: str = "") -
                     "residual_median": 0.0, "residual_max": 0.0, "points": len(got)}
     return out
 
-
-def _median(xs: list[float]) -> float | None:
-    xs = sorted(x for x in xs if x is not None)
-    return xs[len(xs) // 2] if xs else None
