@@ -96,9 +96,10 @@ def test_host_gaps_and_arrival_skew_are_measured(tmp_path):
     run = load_run(_write_run(tmp_path / "r", _job(512), gap_us=40.0, skew_us=100.0))
     _, _, gaps, _, skew = measurements([run])
     assert gaps["gemm"] and min(gaps["gemm"]) == pytest.approx(40.0, abs=1e-6)
-    # two members, one 100 us late (after the other's earlier lateness accumulates): the
-    # last arrives max - mean = half the spread after the mean
-    assert all(v > 0 for vs in skew.values() for v in vs)
+    # two members, rank 1 100 us late at every collective: the last arrives max - mean = 50 us
+    # after the mean, pooled and under its role's key
+    assert skew and all(v == pytest.approx(50.0) for vs in skew.values() for v in vs)
+    assert any(k.endswith("@tp") for k in skew)
     prof, report = fit_traces([run], "fitted", CostModel())
     assert prof.gemm.host_us == pytest.approx(40.0, rel=0.01)  # a GPU run: the host's issue time
     assert report["host_gap_us"]["gemm"]["into"] == "host_us"
