@@ -20,13 +20,13 @@ import re
 import sys
 from pathlib import Path
 
+from paratwin.config import load_profile
 from paratwin.runs import RunJob, column_map, jobs_from_runs
 from twin import rundir
 from twin.calibrate.accuracy import Scored, holdout, kfold, score
 from twin.calibrate.nccl_tests import NcclTestsError, read_nccl_tests
 from twin.calibrate.profile import fit_collectives
 from twin.calibrate.stepfit import fit_start, fit_steps, predict
-from twin.cost import default_cost_model
 from twin.files import write_text_atomic
 from twin.spec import ConfigError
 
@@ -103,7 +103,7 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
     cluster = rows[0].job.cluster
     profile_path, name = path_for(cluster)
     run_dir = claim()
-    base = default_cost_model(cluster)
+    base = load_profile(cfg.get("start"), cluster)  # None: the published defaults
     files = nccl_files(cfg.get("nccl_tests"))
     if files:
         try:
@@ -112,7 +112,8 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
             raise ConfigError(str(err)) from None
         base = dataclasses.replace(base, collective_fits=fit_collectives(points)[0])
     sync = cfg.get("p2p_host_sync")
-    start = fit_start(base, cluster.gpu.sm_count, None if sync is None else bool(sync))
+    start = fit_start(base, cluster.gpu.sm_count, None if sync is None else bool(sync),
+                      shared_cpu=cluster.intra.kind == "shared_cpu")
     workers = int(cfg.get("workers") or 2)
 
     def say(message: str) -> None:

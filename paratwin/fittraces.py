@@ -39,7 +39,7 @@ def fit_from_traces(cfg, path_for, claim) -> dict:
         raise ConfigError(str(err)) from None
     cluster = runs[0].job.cluster
     profile_path, name = path_for(cluster)
-    base = load_profile("auto", cluster)
+    base = load_profile(cfg.get("start") or "auto", cluster)
     print(f"paratwin calibrate: fitting {len(runs)} executed runs (start: profile {base.name})",
           file=sys.stderr, flush=True)
     try:

@@ -28,6 +28,15 @@ def test_native_file(tmp_path):
     assert b.step_time_s == pytest.approx(0.010)
 
 
+def test_an_empty_cell_leaves_the_key_to_the_presets(tmp_path):
+    p = write(tmp_path, "model,model.seq_len,parallel.tp,step_time_s\ntiny,128,,0.5\ntiny,,2,0.7\n")
+    a, b = read_runs(p)
+    assert a.overrides == {"model": "tiny", "model.seq_len": 128}
+    assert b.overrides == {"model": "tiny", "parallel.tp": 2}
+    with pytest.raises(RunsFileError, match="line 2: step_time_s='' must be a positive number"):
+        read_runs(write(tmp_path, "model,step_time_s\ntiny,\n", "blank.csv"))
+
+
 def test_column_map_sets_and_derives(tmp_path):
     cmap = tmp_path / "map.yaml"
     cmap.write_text("columns: {'hidden size': model.hidden_size, 'TP': parallel.tp, "

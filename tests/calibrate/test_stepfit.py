@@ -16,6 +16,7 @@ from twin.schedule.builder import build_schedule
 from twin.sim.critical import critical_path
 from twin.sim.engine import SimOptions, Simulation, fold_classes
 from twin.spec import ClusterSpec, GPUSpec, ParallelPlan, build_job
+from twin.spec.cluster import IntraNodeSpec
 
 A100ISH = ClusterSpec(name="a100ish", num_nodes=1, gpus_per_node=8,
                       gpu=GPUSpec(name="g", peak_tflops={"bf16": 312.0}, hbm_GB=80,
@@ -80,3 +81,45 @@ def test_a_path_is_found_for_every_kind_of_job():
     for job in _jobs()[:6]:
         path = simulate_path(job, TRUE)
         assert path.step_s > 0 and sum(path.compute.values()) > 0
+
+
+CPU = ClusterSpec(name="cpu", num_nodes=1, gpus_per_node=2, cores_per_node=2,
+                  gpu=GPUSpec(name="core", peak_tflops={"fp32": 0.07}, hbm_GB=12, hbm_bw_GBps=31),
+                  intra=IntraNodeSpec(kind="shared_cpu", bw_GBps=2.0, latency_us=50.0))
+CPU_TRUE_KERNELS = {"gemm": KernelCost(efficiency=0.9, launch_us=400.0),
+                    "attention": KernelCost(efficiency=0.5, launch_us=300.0),
+                    "elementwise": KernelCost(mem_efficiency=0.4, launch_us=150.0),
+                    "optimizer": KernelCost(mem_efficiency=0.3, launch_us=2000.0)}
+
+
+def _cpu_jobs():
+    out = []
+    for h, layers, (tp, pp), mb in itertools.product((128, 256), (2, 4), ((1, 1), (2, 1), (1, 2)),
+                                                     (1, 2)):
+        model = gpt(num_layers=layers, hidden_size=h, num_heads=4, num_kv_heads=4,
+                    ffn_hidden_size=4 * h, vocab_size=512, seq_len=64, dtype="fp32")
+        dp = 2 // (tp * pp)
+        out.append(build_job(model, CPU, ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch_size=mb,
+                                                      global_batch_size=mb * dp * 2)))
+    return out
+
+
+def test_a_shared_cpu_fit_moves_the_kernels_its_ops_are_timed_with():
+    """A CPU profile keeps its kernels per dtype (kernels_by_dtype.fp32, from traces): the fit
+    must change those, and on a shared core the framework's cost per op is launch_us."""
+    jobs = _cpu_jobs()
+    truth = CostModel(name="cpu-truth", core_share=True, base_latency_us=60.0,
+                      kernels_by_dtype={"fp32": CPU_TRUE_KERNELS})
+    rng = np.random.default_rng(3)
+    measured = [p.step_s * float(np.exp(rng.normal(0, 0.02))) for p in predict(jobs, truth, 1)]
+    start = dataclasses.replace(truth, kernels_by_dtype={"fp32": {
+        k: dataclasses.replace(v, launch_us=v.launch_us / 4) for k, v in CPU_TRUE_KERNELS.items()}})
+    before = np.array([p.step_s for p in predict(jobs, start, 1)]) / np.array(measured) - 1
+    fit = fit_steps(jobs, measured, start, workers=1)
+    assert "gemm.host_us" not in fit.params  # the CPU set: no separate host thread
+    after = np.array([p.step_s for p in predict(jobs, fit.cost, 1)]) / np.array(measured) - 1
+    assert np.median(np.abs(before)) > 0.15
+    assert np.median(np.abs(after)) < 0.03
+    # from a quarter of the truth to near it (GEMM overhead and efficiency trade a little)
+    assert 250.0 < fit.cost.kernel("gemm", "fp32").launch_us < 800.0
+    assert fit.cost.kernel("gemm", "fp32") is not fit.cost.gemm

@@ -164,7 +164,8 @@ def read_runs(path: str | Path, columns: ColumnMap | None = None) -> list[Measur
         where = f"runs file {path} line {i}"
         if len(row) != len(header):
             raise RunsFileError(f"{where}: {len(row)} values for {len(header)} columns")
-        values = {h: _number(v) for h, v in zip(header, row)}
+        # an empty cell leaves that key to the presets (a column that applies to some rows only)
+        values = {h: _number(v) for h, v in zip(header, row) if v.strip() or h in times}
         t = values.pop(times[0])
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
             raise RunsFileError(f"{where}: {times[0]}={t!r} must be a positive number")

@@ -33,7 +33,7 @@ from twin.schedule.builder import build_schedule
 from twin.sim.critical import CriticalPath, critical_path
 from twin.sim.critical import host_us as host_us_of
 from twin.sim.engine import SimOptions, Simulation, fold_classes
-from twin.spec import Job
+from twin.spec import ClusterSpec, Job
 
 LAUNCH_MAX_US = 30.0
 """A kernel's device-side overhead (launch gap, tail) is microseconds; a fixed cost per op
@@ -58,6 +58,21 @@ FREE: tuple[tuple[str | None, str, float, float], ...] = (
     (None, "p2p_latency_us", 0.1, 1000.0),
     (None, "host_comm_per_rank_us", 0.1, 500.0),
 )
+CPU_FREE: tuple[tuple[str | None, str, float, float], ...] = (
+    # a shared-CPU rank runs its kernels on the thread that issues them: the framework's
+    # cost per op (dispatch, autograd, the eager optimizer's per-tensor loop) is time on
+    # that core, so it is fitted as each kind's per-op overhead (launch_us), not host_us
+    ("gemm", "efficiency", 0.05, 4.0),
+    ("gemm", "launch_us", 0.1, 5000.0),
+    ("attention", "efficiency", 0.02, 2.0),
+    ("attention", "launch_us", 0.1, 5000.0),
+    ("elementwise", "mem_efficiency", 0.02, 2.0),
+    ("elementwise", "launch_us", 0.1, 5000.0),
+    ("optimizer", "mem_efficiency", 0.02, 2.0),
+    ("optimizer", "launch_us", 0.1, 50000.0),
+    (None, "host_comm_us", 0.1, 5000.0),
+    (None, "p2p_latency_us", 0.1, 5000.0),
+)
 PRIOR_WEIGHT = 0.05
 """Residual weight pulling each log-parameter towards its start (0.05: a factor e away
 costs as much as a 5% error on one run)."""
@@ -66,11 +81,23 @@ FOLD = "all"
 """Runs are simulated folded: copies along dp and tp are exact (tests/sim fold tests)."""
 
 
-def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None = None) -> CostModel:
+def free_for(cluster: ClusterSpec) -> tuple:
+    """What a fit from step times frees on ``cluster``: CPU_FREE on shared-CPU ranks, else FREE."""
+    return CPU_FREE if cluster.intra.kind == "shared_cpu" else FREE
+
+
+def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None = None,
+              shared_cpu: bool = False) -> CostModel:
     """Where a fit from runs starts: ``base`` with every mechanism on at a typical size
     (GEMM tiles of 128 on a GPU with known SMs, tens of microseconds of host time per op,
     a send/recv latency), so that the first simulation already shows which runs are
-    host-bound; ``p2p_host_sync``: the framework synchronizes after send/recv (Megatron)."""
+    host-bound; ``p2p_host_sync``: the framework synchronizes after send/recv (Megatron).
+    ``shared_cpu``: ranks on CPU cores, whose per-op cost is in launch_us (CPU_FREE): ``base``
+    as it is but for the send/recv latency and ``p2p_host_sync``."""
+    if shared_cpu:
+        return dataclasses.replace(
+            base, p2p_latency_us=base.p2p_latency_us or 10.0,
+            p2p_host_sync=base.p2p_host_sync if p2p_host_sync is None else p2p_host_sync)
     def kernel(kind: str, host_us: float, **more) -> KernelCost:
         k = getattr(base, kind)
         return dataclasses.replace(k, host_us=k.host_us or host_us, half_flops=0.0, **more)
@@ -84,14 +111,18 @@ def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None 
         p2p_host_sync=base.p2p_host_sync if p2p_host_sync is None else p2p_host_sync)
 
 
-def get(cost: CostModel, kind: str | None, name: str) -> float:
-    obj = cost if kind is None else getattr(cost, kind)
+def get(cost: CostModel, kind: str | None, name: str, dtype: str = "") -> float:
+    """A FREE field's value in ``cost`` (a kernel field: the kernel ``dtype``'s ops use)."""
+    obj = cost if kind is None else cost.kernel(kind, dtype)
     v = getattr(obj, name)
     return float(v) if v is not None else 1.0
 
 
-def with_params(cost: CostModel, values: Sequence[float], free=FREE) -> CostModel:
-    """``cost`` with the FREE fields set to ``values``."""
+def with_params(cost: CostModel, values: Sequence[float], free=FREE,
+                dtypes: Sequence[str] = ()) -> CostModel:
+    """``cost`` with the FREE fields set to ``values``: in each kind's default kernel and, for
+    the ``dtypes`` the runs use, in the kernel fitted for that dtype (kernels_by_dtype), which
+    is the one their ops are timed with."""
     kinds: dict[str, dict] = {}
     top: dict = {}
     for (kind, name, _, _), v in zip(free, values):
@@ -101,7 +132,12 @@ def with_params(cost: CostModel, values: Sequence[float], free=FREE) -> CostMode
             kinds.setdefault(kind, {})[name] = float(v)
     for kind, changes in kinds.items():
         top[kind] = dataclasses.replace(getattr(cost, kind), **changes)
-    return dataclasses.replace(cost, **top)
+    by_dtype = {dt: dict(ks) for dt, ks in cost.kernels_by_dtype.items()}
+    for dt in dtypes:
+        for kind, changes in kinds.items():
+            if kind in by_dtype.get(dt, {}):
+                by_dtype[dt][kind] = dataclasses.replace(by_dtype[dt][kind], **changes)
+    return dataclasses.replace(cost, **top, kernels_by_dtype=by_dtype)
 
 
 def p2p_latency_s(cost: CostModel) -> float:
@@ -162,8 +198,9 @@ class _Retimer:
     """Step times of fixed critical paths under parameter vectors, fast: the unique compute
     ops of all paths are timed once per evaluation and summed through a sparse matrix."""
 
-    def __init__(self, paths: list[CriticalPath], gpu, base: CostModel, free=FREE):
-        self.gpu, self.base, self.free = gpu, base, free
+    def __init__(self, paths: list[CriticalPath], gpu, base: CostModel, free=FREE,
+                 dtypes: Sequence[str] = ()):
+        self.gpu, self.base, self.free, self.dtypes = gpu, base, free, tuple(dtypes)
         index: dict = {}
         rows, cols, vals = [], [], []
         for r, p in enumerate(paths):
@@ -181,27 +218,32 @@ class _Retimer:
         self.p2p_n = np.array([p.p2p_n for p in paths], float)
 
     def __call__(self, values) -> np.ndarray:
-        cost = with_params(self.base, values, self.free)
+        cost = with_params(self.base, values, self.free, self.dtypes)
         times = np.array([cost.compute_time(op, self.gpu) for op in self.ops])
-        host_us = np.array([host_us_of(cost, k) for k in self.host_kinds])
+        dtype = self.dtypes[0] if len(self.dtypes) == 1 else ""
+        host_us = np.array([host_us_of(cost, k, dtype) for k in self.host_kinds])
         host = self.host @ host_us * 1e-6 if self.host_kinds else 0.0
         return self.counts @ times + host + self.fixed + self.p2p_n * p2p_latency_s(cost)
 
 
 def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
-              rounds: int = ROUNDS, workers: int | None = None, free=FREE,
+              rounds: int = ROUNDS, workers: int | None = None, free=None,
               log: Callable[[str], None] | None = None) -> StepFit:
-    """Fit ``free`` fields of ``base`` to the measured step times of ``jobs``."""
+    """Fit ``free`` fields of ``base`` (default: ``free_for`` the jobs' cluster) to the
+    measured step times of ``jobs``."""
     if len(jobs) != len(measured_s) or not jobs:
         raise ValueError("fit_steps needs one measured step time per job, and some jobs")
     t0 = time.perf_counter()
+    free = free_for(jobs[0].cluster) if free is None else free
+    dtypes = sorted({j.model.dtype for j in jobs})
+    dtype = dtypes[0] if len(dtypes) == 1 else ""
     meas = np.asarray(measured_s, float)
     if base.p2p_latency_us is None:
         base = dataclasses.replace(base, p2p_latency_us=5.0)
     lo = np.log([f[2] for f in free])
     hi = np.log([f[3] for f in free])
     # a field at 0 (a mechanism the base leaves off) starts at its lower bound
-    x0 = np.clip(np.log([max(get(base, k, n), f_lo) for k, n, f_lo, _ in free]), lo + 1e-9,
+    x0 = np.clip(np.log([max(get(base, k, n, dtype), f_lo) for k, n, f_lo, _ in free]), lo + 1e-9,
                  hi - 1e-9)
     start = x0.copy()
     cost, history, resid = base, [], np.zeros(len(jobs))
@@ -210,7 +252,7 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
         tr = time.perf_counter()
         paths = predict(jobs, cost, workers)
         sim_err = np.array([p.step_s for p in paths]) / meas - 1
-        retime = _Retimer(paths, gpu, base, free)
+        retime = _Retimer(paths, gpu, base, free, dtypes)
 
         def residuals(x, retime=retime):
             pred = retime(np.exp(x))
@@ -219,7 +261,7 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
         sol = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05,
                             x_scale=1.0, max_nfev=200)
         x0 = sol.x
-        cost = with_params(base, np.exp(sol.x), free)
+        cost = with_params(base, np.exp(sol.x), free, dtypes)
         resid = sol.fun[: len(jobs)]
         history.append({"round": k + 1, "simulated_median_abs_error": float(np.median(np.abs(sim_err))),
                         "simulated_max_abs_error": float(np.max(np.abs(sim_err))),

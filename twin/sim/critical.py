@@ -61,13 +61,14 @@ class CriticalPath:
         return out
 
 
-def host_us(cost: CostModel, kind: str) -> float:
-    """The host's microseconds per count of ``kind`` in ``CriticalPath.host``."""
+def host_us(cost: CostModel, kind: str, dtype: str = "") -> float:
+    """The host's microseconds per count of ``kind`` in ``CriticalPath.host`` (the kernel
+    fitted for ``dtype`` where the profile has one)."""
     if kind == "comm":
         return cost.host_comm_us
     if kind == "comm_ranks":
         return cost.host_comm_per_rank_us
-    return cost.kernel(kind).host_us
+    return cost.kernel(kind, dtype).host_us
 
 
 def _key(op: Op) -> Op:
