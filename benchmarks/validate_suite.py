@@ -14,6 +14,13 @@ ddp, tp_sp, pp_1f1b, fsdp, tp and zero2: 12 runs, about 2 minutes), with
 `paratwin calibrate traces=...` into OUT/profile.yaml, and the suite is validated with it.
 Without it, give `calibration=` (default: the cluster's own profile, conf/profiles/cpu_local.yaml).
 
+With `--fit-first against=pytorch|both`, real training follows the same protocol: the other
+configurations (but zero2, which PyTorch has no counterpart for) are trained with PyTorch's own
+DDP / FSDP2 / DTensor / pipelining and their step times fitted with `paratwin calibrate runs=...
+start=OUT/profile.yaml` (what a real step adds: the framework's cost per op, the eager AdamW)
+into OUT/profile_pytorch.yaml, which the suite's PyTorch steps are then held against
+(OUT/validate_pytorch); the replays keep the traces-fitted profile (OUT/validate).
+
 Against real training too: `python benchmarks/validate_suite.py against=both` also trains
 each preset PyTorch has a counterpart for with its own DDP / FSDP2 / DTensor TP-SP /
 pipelining (`paratwin conformance`'s ranks), times its steps and holds the twin against them:
@@ -24,6 +31,8 @@ skipped; `against=pytorch` for real training alone. Every other argument is pass
 
 from __future__ import annotations
 
+import csv
+import json
 import subprocess
 import sys
 import time
@@ -63,14 +72,68 @@ def fit_first(out: Path) -> Path:
     return profile
 
 
+PYTORCH_PRESETS = tuple(p for p in TRAIN_PRESETS if p != "zero2")  # zero2: no PyTorch counterpart
+
+
+def fit_pytorch(out: Path, start: Path) -> Path:
+    """Train the same other configurations with PyTorch's own DDP / FSDP2 / DTensor / pipelining,
+    time their steps, and fit what a real step adds to the replayed schedule (the framework's
+    cost per op, the eager optimizer) with `paratwin calibrate runs=...`, starting from the
+    traces-fitted ``start``."""
+    t0 = time.perf_counter()
+    rows = []
+    for tag, model in TRAIN_MODELS.items():
+        d = out / "train_pytorch" / tag
+        rc = paratwin("validate", "report=false", "against=pytorch", "pytorch_profile=false",
+                      f"suite=[{','.join(PYTORCH_PRESETS)}]", "info_suite=[]",
+                      "overrides=[" + ",".join(f"'{m}'" for m in model) + "]",
+                      f"calibration={start}", f"out_dir={d}")
+        if rc:
+            sys.exit(rc)
+        for run in json.loads((d / "validate.json").read_text())["runs"]:
+            src = run["sources"].get("pytorch", {})
+            if "measured_p50_s" in src:
+                rows.append({"name": f"{run['parallel']}-{tag}", "parallel": run["parallel"],
+                             **dict(m.split("=", 1) for m in model),
+                             "step_time_s": src["measured_p50_s"]})
+    runs = out / "train_pytorch" / "runs.csv"
+    keys = ["name", "parallel", *sorted({k for r in rows for k in r} - {"name", "parallel",
+                                                                          "step_time_s"})]
+    with runs.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, [*keys, "model", "cluster.gpus_per_node",
+                                "parallel.sp_norm_grad_sync", "step_time_s"])
+        w.writeheader()
+        for r in rows:  # the job conformance trains (validate's pytorch_twin)
+            w.writerow({**r, "model": "val_small", "cluster.gpus_per_node": 2,
+                        "parallel.sp_norm_grad_sync": "per_tensor"})
+    profile = out / "profile_pytorch.yaml"
+    rc = paratwin("calibrate", f"runs={runs}", f"start={start}", "folds=0", f"out={profile}",
+                  f"out_dir={out / 'calibrate_pytorch'}", "force=true")
+    if rc:
+        sys.exit(rc)
+    print(f"fitted PyTorch's steps from {len(rows)} training runs in {time.perf_counter() - t0:.0f} s",
+          flush=True)
+    return profile
+
+
 def main() -> None:
     args = [a for a in sys.argv[1:] if a != "--fit-first"]
     if "--fit-first" in sys.argv[1:]:
         given = [a.split("=", 1)[1] for a in args if a.startswith("out_dir=")]
         out = Path(given[0] if given else f"reports/validate_suite/{time.strftime('%Y%m%d-%H%M%S')}")
         profile = fit_first(out)
-        args = [a for a in args if not a.startswith(("out_dir=", "calibration="))]
-        args += [f"calibration={profile}", f"out_dir={out / 'validate'}"]
+        against = next((a.split("=", 1)[1] for a in args if a.startswith("against=")), "replay")
+        args = [a for a in args if not a.startswith(("out_dir=", "calibration=", "against="))]
+        rc = 0
+        if against in ("replay", "both"):
+            rc |= paratwin("validate", "report=false", "against=replay", *args,
+                           f"calibration={profile}", f"out_dir={out / 'validate'}")
+        if against in ("pytorch", "both"):
+            # a real step is a different program from the replay: its own fit, same protocol
+            rc |= paratwin("validate", "report=false", "against=pytorch", *args,
+                           f"calibration={fit_pytorch(out, profile)}",
+                           f"out_dir={out / 'validate_pytorch'}")
+        sys.exit(rc)
     sys.exit(paratwin("validate", "report=false", *args))
 
 

@@ -80,6 +80,9 @@ def format_report(report: dict) -> str:
         lines.append(f"  {k:<26} {v['latency_us']:>11.1f} {v['bw_GBps']:>9.3f} {v['points']:>4}")
     if report["collectives_kept"]:
         lines.append(f"  kept from the start profile: {', '.join(report['collectives_kept'])}")
+    if report.get("bandwidth_unidentified"):
+        lines.append("  bandwidth not separable from latency (sizes too close or noisy; the start "
+                     f"profile's kept): {', '.join(report['bandwidth_unidentified'])}")
     lines += ["", "the traced runs under the fitted profile (in-sample):",
               f"  {'run':<40} {'measured ms':>12} {'predicted ms':>13} {'error':>8} band"]
     for r in report["runs"]:

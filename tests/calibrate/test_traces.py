@@ -14,10 +14,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import cluster, gpt
-from twin.calibrate.traces import TraceError, fit_traces, load_run, measurements
+from twin.calibrate.profile import fit_collectives
+from twin.calibrate.traces import (
+    TraceError,
+    fit_traces,
+    latency_only,
+    load_run,
+    measurements,
+    physical,
+)
 from twin.cost import CostModel, KernelCost, LinkCost
 from twin.sim.engine import SimOptions
 from twin.sim.run import simulate
@@ -169,3 +178,19 @@ def test_a_role_key_must_still_name_kind_link_and_size():
     data = CostModel().to_dict()
     data["collective_fits"] = {"all_reduce/intra/x@tp": {"latency_us": 1.0, "bw_GBps": 1.0}}
     assert any("kind/link/n[@role]" in p for p in profile_problems(data))
+
+
+def test_a_bandwidth_the_sizes_cannot_separate_keeps_the_start_profiles():
+    """Two sizes, the larger no slower (noise): the fitted bandwidth runs off to infinity;
+    above 10x the link's nominal it is dropped and the start profile's bandwidth kept, the
+    latency refitted under it."""
+    rows = [{"kind": "reduce_scatter", "group_size": 2, "bytes": b, "time_s_median": t}
+            for b, t in ((1e6, 0.0100), (1e6, 0.0102), (4e6, 0.0101), (4e6, 0.0099))]
+    dropped: list[str] = []
+    kept = physical(fit_collectives(rows)[0], 10 * 2.0, dropped)
+    assert kept == {} and dropped == ["reduce_scatter/intra/2"]
+    start = {"reduce_scatter/intra/2": {"latency_us": 50.0, "bw_GBps": 1.0}}
+    fit = latency_only(rows, kept, start)["reduce_scatter/intra/2"]
+    assert fit["bw_GBps"] == 1.0
+    # median over the rows of t - S / bw: (10.0 - 1, 10.2 - 1, 10.1 - 4, 9.9 - 4) ms
+    assert fit["latency_us"] == pytest.approx(np.median([9000, 9200, 6100, 5900]), rel=1e-6)

@@ -258,11 +258,14 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
     by_dtype = {dt: {kind: with_gap(kind, k) for kind, k in ks.items()}
                 for dt, ks in by_dtype.items()}
     every = [r for r in crows if not r["role"]]
-    cfits, _ = fit_collectives(every)
+    cap = BW_CAP * cluster.intra.bw_GBps
+    unidentified: list[str] = []
+    cfits = physical(fit_collectives(every)[0], cap, unidentified)
     cfits.update(latency_only(every, cfits, base.collective_fits))
     for role in sorted({r["role"] for r in crows} - {""}):  # kind/intra/n@role: one role's own
         rows = [r for r in crows if r["role"] == role]
-        own = {f"{k}@{role}": v for k, v in fit_collectives(rows)[0].items()}
+        own = physical({f"{k}@{role}": v for k, v in fit_collectives(rows)[0].items()}, cap,
+                       unidentified)
         cfits.update(own)
         cfits.update(latency_only(rows, own, {**base.collective_fits, **cfits}, f"@{role}"))
     handoff_us = {k: float(trim_mean(v, GAP_TRIM)) for k, v in handoff.items() if v}
@@ -308,9 +311,27 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
         "skew_us": {k: {"mean_trimmed": g, "samples": len(skew[k]), "into": "latency_us"}
                     for k, g in skew_us.items()},
         "collectives_kept": sorted(set(base.collective_fits) - set(cfits)),
+        "bandwidth_unidentified": sorted(unidentified),
         "measured": {"kernel_rows": len(krows), "collective_rows": len(crows)},
     }
     return profile, report
+
+
+BW_CAP = 10.0
+"""A fitted bandwidth above this multiple of the link's nominal one is not a bandwidth: the
+sizes a traced run repeats did not separate it from the latency (a larger message that ran no
+slower); that kind and size keep the start profile's bandwidth (``latency_only``)."""
+
+
+def physical(fits: dict, cap_GBps: float, dropped: list[str]) -> dict:
+    """``fits`` without those whose bandwidth exceeds ``cap_GBps`` (their keys go to ``dropped``)."""
+    out = {}
+    for key, fit in fits.items():
+        if fit["bw_GBps"] > cap_GBps:
+            dropped.append(key)
+        else:
+            out[key] = fit
+    return out
 
 
 def latency_only(rows: list[dict], fitted: dict, fits: dict, suffix: str = "") -> dict:
