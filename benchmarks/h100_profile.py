@@ -111,8 +111,9 @@ def eager_inflation(job) -> tuple[float, float]:
          "F": m.ffn_hidden_size, "V": m.vocab_size}
     tokens = job.parallel.micro_batch_size * m.seq_len
     ops = build_schedule(job).program(0).ops
-    modelled = sum(op.bytes for op in ops if op.kind == "elementwise")
-    mbs = len({op.name.split("/")[1] for op in ops if op.kind == "elementwise"})
+    layer_ops = [op for op in ops if op.kind == "elementwise" and op.phase != "opt"]  # not the clip
+    modelled = sum(op.bytes for op in layer_ops)
+    mbs = len({op.mb for op in layer_ops})
     eager = 0.0
     for name, (fwd, bwd) in EAGER.items():
         count = m.num_layers * PER_LAYER[name] if name in PER_LAYER else 1

@@ -10,7 +10,8 @@ allocation. What each kind runs:
   forward built once at first use;
 - elementwise (elements,): a memory-bound kernel touching ``bytes / (elements * e)``
   tensors of ``elements`` (1: fill, 2: scale, 3: add, 4+: addcmul);
-- optimizer (params,): ``torch.optim.Adam(fused=True)`` over one flat fp32 parameter.
+- optimizer (params, fused): ``torch.optim.Adam(fused=True)`` (or ``foreach=True``) over one
+  flat fp32 parameter.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class Kernels:
             tensors = round(op.bytes / (elements * e)) if elements else 2
             self.elementwise(elements, op.dtype, tensors)
         elif op.kind == "optimizer":
-            self.optimizer(int(op.shape[0]) if op.shape else 0)
+            self.optimizer(int(op.shape[0]) if op.shape else 0,
+                           fused=len(op.shape) < 2 or bool(op.shape[1]))
         else:
             raise ValueError(f"{op.name}: {op.kind} is not a compute op")
 
@@ -129,12 +131,14 @@ class Kernels:
             for _ in range(tensors - 4):  # each further tensor: one more read-modify-write pass
                 ts[3].mul_(0.5)
 
-    def optimizer(self, params: int) -> None:
-        key = ("optimizer", params)
+    def optimizer(self, params: int, fused: bool = True) -> None:
+        """Adam over one flat fp32 parameter: fused, or PyTorch's foreach implementation."""
+        key = ("optimizer", params, fused)
         if key not in self._cache:
             p = torch.nn.Parameter(_rand((max(params, 1),), torch.float32, self.device))
             p.grad = _rand((max(params, 1),), torch.float32, self.device)
-            self._cache[key] = torch.optim.Adam([p], lr=1e-4, fused=True)
+            impl = {"fused": True} if fused else {"foreach": True}
+            self._cache[key] = torch.optim.Adam([p], lr=1e-4, **impl)
         self._cache[key].step()
 
 

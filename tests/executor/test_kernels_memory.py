@@ -75,3 +75,13 @@ def test_dtype_names():
     assert torch_dtype("bf16") is torch.bfloat16 and torch_dtype("") is torch.float32
     with pytest.raises(ValueError, match="fp8"):
         torch_dtype("fp8")
+
+
+def test_a_foreach_optimizer_op_runs_pytorchs_foreach_adam():
+    prog = tiny_program(dp=2, optimizer_kernels="foreach")
+    (op,) = [o for o in prog.ops if o.kind == "optimizer"]
+    assert op.shape[1] == 0
+    k = Kernels(torch.device("cpu"))
+    k.run(op)
+    (opt,) = [v for key, v in k._cache.items() if key[0] == "optimizer"]
+    assert opt.defaults["foreach"] is True and not opt.defaults.get("fused")

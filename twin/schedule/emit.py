@@ -113,12 +113,19 @@ class ProgramBuilder:
                          dtype=self.dtype, flops=float(elements * flops_per_element),
                          bytes=float(self.e * elements * tensors))
 
-    def optimizer(self, ctx: Ctx, local: str, params: int, deps: Iterable[Idx]) -> int:
-        """Adam over ``params``: reads and writes fp32 master, momentum and variance (24 B),
-        reads the grad and writes the param (2e B); about 10 FLOPs per parameter."""
-        return self.emit(ctx, local, "optimizer", "compute", deps, shape=(params,),
-                         dtype=self.dtype, flops=10.0 * params,
-                         bytes=float(params * (24 + 2 * self.e)))
+    def optimizer(self, ctx: Ctx, local: str, params: int, deps: Iterable[Idx],
+                  fused: bool = True) -> int:
+        """Adam over ``params``, about 10 FLOPs each. Fused: one pass that reads and writes the
+        fp32 master, momentum and variance (24 B) and reads the grad and writes the param
+        (2e B). Foreach (PyTorch's default): a pass per step of the update, in fp32: the
+        momentum lerp (r/w, 8 B) and its read in the update (4 B); the variance scaled and
+        accumulated (2 x r/w, 16 B) and read by the square root (4 B); the denominator written
+        by the root, divided and shifted by eps in place (4 + 8 + 8 B) and read by the update
+        (4 B); the master read and written (8 B): 64 B, plus the grad and param (2e B).
+        ``shape``: (params, 1 if fused else 0)."""
+        per_param = (24 if fused else 64) + 2 * self.e
+        return self.emit(ctx, local, "optimizer", "compute", deps, shape=(params, int(fused)),
+                         dtype=self.dtype, flops=10.0 * params, bytes=float(params * per_param))
 
     # -- communication -----------------------------------------------------------
     def collective(self, ctx: Ctx, local: str, kind: str, group: tuple[int, ...],

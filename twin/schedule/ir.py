@@ -43,7 +43,7 @@ class Op:
     """One op of a rank's program.
 
     ``shape`` by kind: gemm (m, n, k); attention (batch, heads, kv_heads, seq, head_dim,
-    causal); elementwise (elements,); optimizer (params,). ``bytes``: memory traffic of a
+    causal); elementwise (elements,); optimizer (params, fused). ``bytes``: memory traffic of a
     compute op, the nccl-tests size of a collective (all-reduce and broadcast the buffer,
     all-gather the gathered output, reduce-scatter the full input, all-to-all the send
     buffer), the message of a send/recv, the buffer of an alloc/free.

@@ -82,5 +82,6 @@ def legacy_dp_program(job: Job, rank: int) -> Program:
         reduced = b.collective(bctx, "grads.reduce", "reduce", group, "dp", params * b.e, waits,
                                root=root)
     if is_root:
-        b.optimizer(Ctx("opt", paradigm="legacy_dp"), "adam", params, [b.last_compute, reduced])
+        b.optimizer(Ctx("opt", paradigm="legacy_dp"), "adam", params, [b.last_compute, reduced],
+                    fused=job.parallel.optimizer_kernels == "fused")
     return b.program()

@@ -124,11 +124,16 @@ class StepBuilder:
             waits += p.finalize_grads(ctx, waits)
         dims = ["tp", "pp"] + (["dp"] if par.zero_stage >= 1 else [])
         norm_group = self.job.grid.group(self.rank, dims)
-        norm = b.collective(ctx, "grad_norm.ar", "all_reduce", norm_group, "-".join(dims), 4,
-                            waits, stream="comm")
         params = stage_params(self.job, self.stage)
         local = -(-params // par.dp) if par.zero_stage >= 1 else params
-        step = b.optimizer(ctx, "adam", local, [norm] + waits)
+        # clipping to a global norm: the squares of the local gradients summed (one read),
+        # the 4-byte all-reduce, then every gradient scaled (read and write)
+        squares = b.elementwise(ctx, "grad_norm", local, waits, tensors=1, flops_per_element=2)
+        norm = b.collective(ctx, "grad_norm.ar", "all_reduce", norm_group, "-".join(dims), 4,
+                            [squares], stream="comm")
+        norm = b.elementwise(ctx, "clip", local, [squares if norm is None else norm], tensors=2)
+        step = b.optimizer(ctx, "adam", local, [norm] + waits,
+                           fused=par.optimizer_kernels == "fused")
         for p in self.passes:
             p.after_optimizer(ctx, step)
 

@@ -57,6 +57,7 @@ class TensorParallel(Pass):
         self.vocab = vocab_rows(m, self.tp)
         self.act_bytes = out.e * self.tokens * self.h  # b*s*h, the TP message
         self.eager = not par.flash_attention
+        self.rope = m.position_embedding == "rope"
         self.paradigm = "sp" if self.sp else ("tp" if self.tp > 1 else "")
 
     # -- as a pass -------------------------------------------------------------------
@@ -131,6 +132,9 @@ class TensorParallel(Pass):
         x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5)
         x = self._f(ctx, "ag1", x)
         x = b.gemm(ctx, "qkv", n, self.q + 2 * self.kv, self.h, [x])
+        if self.rope:  # rotate the queries and keys (read and write them once, fused)
+            x = b.elementwise(ctx, "rope", n * (self.q + self.kv), [x], tensors=2,
+                              flops_per_element=3)
         x = b.attention(ctx, "attn", self.mb, self.heads, self.kv_heads, self.model.seq_len,
                         self.d, [x], eager=self.eager)
         x = b.gemm(ctx, "out_proj", n, self.h, self.q, [x])
@@ -181,6 +185,9 @@ class TensorParallel(Pass):
         scale = 2.5 if (self.par.flash_attention and recompute_attention is None) else 2.0
         a = b.attention(ctx, "attn.bwd", self.mb, self.heads, self.kv_heads, self.model.seq_len,
                         self.d, [d, recompute_attention], flops_scale=scale, eager=self.eager)
+        if self.rope:  # the inverse rotation of the query and key gradients
+            a = b.elementwise(ctx, "rope.bwd", n * (self.q + self.kv), [a], tensors=2,
+                              flops_per_element=3)
         d = b.gemm(ctx, "qkv.dgrad", n, self.h, self.q + 2 * self.kv, [a])
         r = self._f_bwd(ctx, "ag1.bwd", d)
         grads["qkv.wgrad"] = b.gemm(ctx, "qkv.wgrad", self.h, self.q + 2 * self.kv, n, [a])

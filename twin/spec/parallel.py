@@ -13,6 +13,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 RANK_DIMS = ("tp", "cp", "pp", "dp")
 GRAD_SYNC = ("default", "last", "every")
 SP_NORM_GRAD_SYNC = ("none", "per_tensor", "coalesced")
+OPTIMIZER_KERNELS = ("fused", "foreach")
 
 
 class ConfigWarning(UserWarning):
@@ -72,6 +73,11 @@ class ParallelPlan:
     norm tensor, as PyTorch's DTensor SequenceParallel does) or coalesced (one for all of
     them, as Megatron's finalize_model_grads does)."""
 
+    optimizer_kernels: str = "fused"
+    """How the Adam step runs: fused (one pass over parameters, gradients and states: Apex
+    FusedAdam in Megatron, ``fused=True`` in PyTorch) or foreach (PyTorch's default AdamW,
+    ``foreach`` or its per-tensor loop: one pass per arithmetic step, about 2.3x the bytes)."""
+
     def __post_init__(self) -> None:
         if self.pp_stage_layers is not None:
             object.__setattr__(self, "pp_stage_layers", tuple(self.pp_stage_layers))
@@ -87,6 +93,8 @@ class ParallelPlan:
         check_choice(problems, "parallel.grad_sync", self.grad_sync, GRAD_SYNC)
         check_choice(problems, "parallel.sp_norm_grad_sync", self.sp_norm_grad_sync,
                      SP_NORM_GRAD_SYNC)
+        check_choice(problems, "parallel.optimizer_kernels", self.optimizer_kernels,
+                     OPTIMIZER_KERNELS)
         if self.cp != 1:
             problems.append(f"parallel.cp={self.cp!r} is reserved and must be 1 "
                             "(context parallelism is not modelled yet)")
