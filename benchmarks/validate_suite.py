@@ -10,12 +10,12 @@ band (target: >= 80%).
 `--fit-first` (the issue's protocol): this host's multi-process speed drifts by up to 2x
 between hours, so the profile is fitted right before the validation, from executed runs of
 *other* configurations (val_small at seq_len 128, and at hidden 512 with 8 heads, under
-ddp, tp_sp, pp_1f1b, fsdp, tp and zero2: 12 runs, about 2 minutes), with
+ddp, tp_sp, pp_1f1b, fsdp, tp, zero2 and dp: 14 runs, about 3 minutes), with
 `paratwin calibrate traces=...` into OUT/profile.yaml, and the suite is validated with it.
 Without it, give `calibration=` (default: the cluster's own profile, conf/profiles/cpu_local.yaml).
 
 With `--fit-first against=pytorch|both`, real training follows the same protocol: the other
-configurations (but zero2, which PyTorch has no counterpart for) are trained with PyTorch's own
+configurations (but zero2 and dp, which PyTorch has no counterpart for) are trained with PyTorch's own
 DDP / FSDP2 / DTensor / pipelining and their step times fitted with `paratwin calibrate runs=...
 start=OUT/profile.yaml` (what a real step adds: the framework's cost per op, the eager AdamW)
 into OUT/profile_pytorch.yaml, which the suite's PyTorch steps are then held against
@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-TRAIN_PRESETS = ("ddp", "tp_sp", "pp_1f1b", "fsdp", "tp", "zero2")
+TRAIN_PRESETS = ("ddp", "tp_sp", "pp_1f1b", "fsdp", "tp", "zero2", "dp")
 TRAIN_MODELS = {"seq128": ["model.seq_len=128"],
                 "h512": ["model.hidden_size=512", "model.num_heads=8"]}
 
@@ -72,7 +72,7 @@ def fit_first(out: Path) -> Path:
     return profile
 
 
-PYTORCH_PRESETS = tuple(p for p in TRAIN_PRESETS if p != "zero2")  # zero2: no PyTorch counterpart
+PYTORCH_PRESETS = tuple(p for p in TRAIN_PRESETS if p not in ("zero2", "dp"))  # no PyTorch counterpart
 
 
 def fit_pytorch(out: Path, start: Path) -> Path:
