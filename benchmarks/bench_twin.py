@@ -1,49 +1,108 @@
-"""Twin speed: simulated events per second and wall time of the issue's three jobs.
+"""Twin speed: wall time, events and step time of one simulated step of large jobs.
 
-Run: python benchmarks/bench_twin.py [a|b|c ...]   (default: all three)
+Run: python benchmarks/bench_twin.py [a|b|c|d|e|f ...]   (default: all)
  (a) Llama-3 8B, 8 GPUs (one DGX H100), FSDP
- (b) Llama-3 70B, 1,024 GPUs, TP8 PP4 DP32, 1F1B, 8 micro-batches, unfolded
+ (b) Llama-3 70B, 1,024 GPUs, TP8 PP4 DP32, 1F1B, 8 micro-batches, every rank simulated
+     (fold=none, no fast-forward: the engine's own speed)
  (c) Llama-3 405B, 16,384 GPUs, TP8 PP16 DP128, 1F1B, Llama 3's 7/8x14/7 layer split,
-     16 micro-batches, folded along dp and tp
-Targets on a 2-core machine: (c) under 5 s, (b) under 60 s. Prints figures, asserts nothing.
+     16 micro-batches per pipeline
+ (d) Megatron 39.1B (Narayanan et al. 2021, Table 1) on 512 A100s: TP8 PP2 DP32, global
+     batch 1536 (48 micro-batches per pipeline), micro-batch 1, interleaved 1F1B (v=2),
+     full recompute
+ (e) Megatron 1T on 3,072 A100s: TP8 PP64 DP6, global batch 3072 (512 micro-batches per
+     pipeline), micro-batch 1, interleaved (v=2), full recompute
+ (f) Llama-3 405B as (c) with 128 micro-batches per pipeline (global batch 16,384)
+(c)-(f) run as `paratwin simulate` does by default: fold=auto (every exact copy simulated
+once), fast_forward=true, trace=auto (what the report draws); "write s" is writing that
+trace (spans.json). (d) and (e) use the published defaults (calibration=null): with the
+dgx_a100 profile's host sync after send/recv (p2p_host_sync) the interleaved schedule's
+send/recv batches deadlock in the twin. Target: each step under 10 s on 2 cores. Prints
+figures, asserts nothing.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from twin.sim.engine import SimOptions
-from twin.sim.run import simulate
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.presets import dgx_h100, llama3
-from twin.spec import ParallelPlan, build_job
+from benchmarks.presets import dgx_h100, llama3  # noqa: E402
+from twin.cost import CostModel  # noqa: E402
+from twin.sim.engine import SimOptions  # noqa: E402
+from twin.sim.run import simulate  # noqa: E402
+from twin.spec import Job, ParallelPlan, build_job  # noqa: E402
 
-JOBS = {
+SPLIT_405B = [7] + [8] * 14 + [7]
+JOBS = {  # Llama 3 on DGX H100s (benchmarks/presets.py): model, nodes, plan, fold
     "a": ("llama3_8b", 1, ParallelPlan(zero_stage=3), "none"),
     "b": ("llama3_70b", 128, ParallelPlan(tp=8, pp=4, global_batch_size=256), "none"),
     "c": ("llama3_405b", 2048, ParallelPlan(tp=8, pp=16, zero_stage=1, sp=True,
                                             global_batch_size=2048,
-                                            pp_stage_layers=[7] + [8] * 14 + [7]), "all"),
+                                            pp_stage_layers=SPLIT_405B), "auto"),
+    "f": ("llama3_405b", 2048, ParallelPlan(tp=8, pp=16, zero_stage=1, sp=True,
+                                            global_batch_size=16384,
+                                            pp_stage_layers=SPLIT_405B), "auto"),
+}
+MEGATRON = ("cluster=dgx_a100", "parallel=pp_interleaved", "parallel.tp=8",
+            "parallel.micro_batch_size=1", "parallel.recompute=full", "calibration=null")
+PUBLISHED = {  # Narayanan et al. 2021 Table 1 rows, as `paratwin simulate OVERRIDES`
+    "d": ("model=megatron_39b", "cluster.num_nodes=64", "parallel.pp=2",
+          "parallel.global_batch_size=1536", *MEGATRON),
+    "e": ("model=megatron_1t", "cluster.num_nodes=384", "parallel.pp=64",
+          "parallel.global_batch_size=3072", *MEGATRON),
 }
 
 
+def _hydra(*overrides: str) -> tuple[Job, CostModel]:
+    """A job as `paratwin simulate OVERRIDES` composes it, with its calibration profile."""
+    from hydra import compose, initialize_config_dir
+
+    from paratwin.config import CONF_DIR, job_from_cfg, load_profile, register_schemas
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="simulate", overrides=list(overrides))
+    job = job_from_cfg(cfg)
+    return job, load_profile(cfg.get("calibration"), job.cluster)
+
+
+def job_of(key: str) -> tuple[str, Job, CostModel | None, SimOptions, str | None]:
+    """(model name, job, profile, options, trace level) of one row; (a) and (b) measure the
+    engine itself (every rank and micro-batch simulated), the others run as the CLI does."""
+    if key in PUBLISHED:
+        job, cost = _hydra(*PUBLISHED[key])
+        return job.model.name, job, cost, SimOptions(fold="auto"), "auto"
+    name, nodes, plan, fold = JOBS[key]
+    job = build_job(llama3(name), dgx_h100(nodes), plan)
+    if fold == "none":
+        return name, job, None, SimOptions(fold="none", fast_forward=False), None
+    return name, job, None, SimOptions(fold=fold), "auto"
+
+
 def main() -> None:
-    which = sys.argv[1:] or list(JOBS)
-    print(f"{'job':<4} {'model':<12} {'GPUs':>6} {'fold':<5} {'sim ranks':>9} {'ops':>10} "
-          f"{'events':>10} {'wall s':>7} {'events/s':>9} {'step s':>8} {'MFU':>6}")
+    which = sys.argv[1:] or sorted([*JOBS, *PUBLISHED])
+    print(f"{'job':<4} {'model':<13} {'GPUs':>6} {'m':>4} {'fold':<5} {'sim':>4} "
+          f"{'mb sim':>6} {'ops':>10} {'events':>9} {'wall s':>7} {'write s':>7} "
+          f"{'step s':>8} {'MFU':>6}")
     for key in which:
-        name, nodes, plan, fold = JOBS[key]
-        job = build_job(llama3(name), dgx_h100(nodes), plan)
+        name, job, cost, options, trace = job_of(key)
         t0 = time.perf_counter()
-        s = simulate(job, options=SimOptions(fold=fold)).summary
+        res = simulate(job, cost, options, trace=trace)
         wall = time.perf_counter() - t0
-        print(f"({key})  {name:<12} {job.grid.world_size:>6} {fold:<5} {s['simulated_ranks']:>9} "
-              f"{s['ops']:>10,} {s['events']:>10,} {wall:>7.2f} {s['events'] / wall:>9,.0f} "
-              f"{s['step_time_s']:>8.3f} {s['mfu']:>6.1%}")
+        with tempfile.TemporaryDirectory() as tmp:
+            t1 = time.perf_counter()
+            res.trace.save(Path(tmp) / "spans.json")
+            write = time.perf_counter() - t1
+        s = res.summary
+        ff = s["fast_forward"]
+        m = job.parallel.num_microbatches
+        print(f"({key})  {name:<13} {job.grid.world_size:>6} {m:>4} {s['fold']:<5} "
+              f"{s['simulated_ranks']:>4} {ff['simulated_microbatches'] if ff else m:>6} "
+              f"{s['ops']:>10,} {s['events']:>9,} {wall:>7.2f} {write:>7.2f} "
+              f"{s['step_time_s']:>8.3f} {s['mfu']:>6.1%}", flush=True)
 
 
 if __name__ == "__main__":

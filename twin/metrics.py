@@ -153,7 +153,13 @@ def summarize(trace: Trace, job: Job, step_times_s: list[float] | None = None) -
         by_step[s.step].append(s)
     if not by_step:
         raise ValueError("the trace is empty")
-    stats = {k: step_stats(v) for k, v in sorted(by_step.items())}
+    return summary_of({k: step_stats(v) for k, v in sorted(by_step.items())}, job,
+                      step_times_s)
+
+
+def summary_of(stats: dict[int, dict], job: Job,
+               step_times_s: list[float] | None = None) -> Summary:
+    """The Summary of per-step figures (``step_stats``' dicts by step), as ``summarize``."""
     times = sorted(st["step_us"] for st in stats.values()) if step_times_s is None else \
         sorted(t * 1e6 for t in step_times_s)
     median_step = min(stats, key=lambda k: abs(stats[k]["step_us"] - statistics.median(times)))

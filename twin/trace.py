@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import astuple, dataclass, field, fields
+import os
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from twin.files import write_text_atomic
 
 if TYPE_CHECKING:
     from twin.schedule.ir import Op
@@ -67,6 +67,9 @@ class Span:
 
 
 COLUMNS = [f.name for f in fields(Span)]
+_ROW = attrgetter(*COLUMNS)
+CHUNK = 20_000
+"""Spans written per JSON chunk: ``save`` never holds the trace's text whole."""
 
 
 @dataclass
@@ -87,13 +90,26 @@ class Trace:
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "meta": self.meta, "columns": COLUMNS,
-                "spans": [list(astuple(s)) for s in self.spans]}
+                "spans": [list(_ROW(s)) for s in self.spans]}
 
     def save(self, path: str | Path) -> Path:
-        """Write atomically (a temporary file renamed into place); ``.gz`` compresses."""
+        """Write atomically (a temporary file renamed into place); ``.gz`` compresses. The
+        spans are written a chunk at a time (the same bytes as ``json.dumps(to_dict())``
+        compact), so the file's text is never held whole beside the spans."""
         path = Path(path)
-        return write_text_atomic(path, json.dumps(self.to_dict(), separators=(",", ":")),
-                                 compress=path.suffix == ".gz")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        head = json.dumps({"format": FORMAT, "version": VERSION, "meta": self.meta,
+                           "columns": COLUMNS}, separators=(",", ":"))
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(tmp, "wt", encoding="utf-8") as fh:
+            fh.write(head[:-1] + ',"spans":[')
+            spans = self.spans
+            for k in range(0, len(spans), CHUNK):
+                rows = json.dumps([_ROW(s) for s in spans[k:k + CHUNK]], separators=(",", ":"))
+                fh.write(("," if k else "") + rows[1:-1])
+            fh.write("]}")
+        tmp.replace(path)
+        return path
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "data") -> Trace:

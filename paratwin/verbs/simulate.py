@@ -15,13 +15,13 @@ from twin import rundir
 from twin.chrome import chrome_trace
 from twin.files import write_json_atomic, write_text_atomic
 from twin.sim.engine import SimOptions
-from twin.sim.run import check_budget, simulate
+from twin.sim.run import check_budget, resolve_options, simulate
+from twin.sim.spans import TRACE_LEVELS
 from twin.sim.whatif import check_options, parse_link
 from twin.spec import ConfigError, ConfigWarning
 from twin.spec.errors import raise_if
 
 FOLDS = ("none", "dp", "tp", "all", "auto")
-AUTO_FOLD_ABOVE = 512
 
 
 def _whole(value, field: str, meaning: str, problems: list[str],
@@ -61,9 +61,10 @@ def options_from_cfg(cfg, job) -> SimOptions:
     fold = str(cfg.get("fold", "auto"))
     if fold not in FOLDS:
         problems.append(f"fold={fold!r} is not one of {'|'.join(FOLDS)}")
-    if fold == "auto":
-        fold = "all" if job.grid.world_size > AUTO_FOLD_ABOVE and not job.parallel.legacy_dp \
-            else "none"
+    fast = cfg.get("fast_forward", True)
+    if not isinstance(fast, bool):
+        problems.append(f"fast_forward={fast!r} must be true or false (advance a pipeline's "
+                        "steady state by whole periods)")
     algorithm = str(cfg.get("algorithm", "auto"))
     if algorithm not in ("auto", "ring", "tree", "hierarchical"):
         problems.append(f"algorithm={algorithm!r} is not one of auto|ring|tree|hierarchical")
@@ -96,7 +97,17 @@ def options_from_cfg(cfg, job) -> SimOptions:
     seed = _whole(cfg.get("seed", 0), "seed", "jitter's random seed", problems)
     raise_if(problems)
     return SimOptions(fold=fold, algorithm=algorithm, straggler=straggler, degraded=degraded,
-                      jitter=bool(cfg.get("jitter", False)), seed=seed or 0)
+                      jitter=bool(cfg.get("jitter", False)), seed=seed or 0,
+                      fast_forward=fast is True)
+
+
+def trace_level(cfg) -> str:
+    level = str(cfg.get("trace", "auto"))
+    if level not in TRACE_LEVELS:
+        raise ConfigError(f"trace={level!r} is not one of {'|'.join(TRACE_LEVELS)} (auto: what "
+                          "the report draws; full: every simulated rank's spans; none: the "
+                          "summary only)")
+    return level
 
 
 def out_dir_of(cfg) -> Path:
@@ -130,6 +141,14 @@ def format_summary(job, s: dict, out: Path, chrome: str = "trace.json") -> str:
         f"  pipeline bubble {s['bubble_fraction']:.1%}   exposed communication: "
         + (", ".join(f"{g} {v * 1e3:.2f} ms" for g, v in s["exposed_comm_s"].items()) or "none"),
     ]
+    ff = s.get("fast_forward")
+    if ff:
+        lines.insert(2, f"  fast-forwarded: {ff['simulated_microbatches']} of "
+                        f"{ff['microbatches']} micro-batches simulated, {ff['periods']} steady "
+                        f"period(s) of {ff['period_microbatches']} micro-batch(es) "
+                        f"({ff['period_s'] * 1e3:,.2f} ms each) added exactly")
+    for note in s.get("notes") or ():
+        lines.insert(2, f"  note: {note}")
     parts = s.get("critical_path_s") or {}
     if parts:
         total = sum(parts.values()) or 1.0
@@ -144,9 +163,21 @@ def format_summary(job, s: dict, out: Path, chrome: str = "trace.json") -> str:
         lines.append(f"  !! DOES NOT FIT: peak memory {_size(peak)} > {hbm / 1e9:.0f} GB of HBM "
                      f"on rank {worst} (out of memory by {(peak - hbm) / 1e9:.2f} GB); the times "
                      "above assume it fit")
-    lines.append(f"  wrote {out}/summary.json, spans.json, {chrome}"
+    level = (s.get("trace") or {}).get("level", "full")
+    traced = "" if level == "none" else f", spans.json ({_traced(s)}), {chrome}"
+    lines.append(f"  wrote {out}/summary.json{traced}"
                  + (", report.html" if (out / "report.html").exists() else ""))
     return "\n".join(lines)
+
+
+def _traced(s: dict) -> str:
+    """What spans.json holds, in words."""
+    t = s.get("trace") or {}
+    ranks = t.get("recorded_ranks") or []
+    if t.get("level") == "full" or len(ranks) == s["simulated_ranks"]:
+        return f"every simulated rank's spans: {len(ranks)}"
+    return (f"{len(ranks)} of {s['simulated_ranks']} simulated ranks, what the report draws; "
+            "trace=full for all")
 
 
 def run(cfg) -> dict:
@@ -156,26 +187,35 @@ def run(cfg) -> dict:
     problems: list[str] = []
     steps = _whole(cfg.get("steps", 1), "steps", "simulated steps", problems, low=1)
     raise_if(problems)
+    level = trace_level(cfg)
     job = job_from_cfg(cfg)
     cost = load_profile(cfg.get("calibration"), job.cluster)
     options = options_from_cfg(cfg, job)
-    check_budget(job, options.fold, steps)  # before the run directory: nothing written
-    check_options(job, options, cost)
+    resolved, _ = resolve_options(job, options, steps)
+    check_budget(job, resolved.fold, steps)  # before the run directory: nothing written
+    check_options(job, resolved, cost)
     out = rundir.claim(out_dir_of(cfg), "simulate", bool(cfg.get("force", False)))
     bar = Progress("paratwin simulate")
-    result = simulate(job, cost, options, steps=steps, progress=bar.update)
+    result = simulate(job, cost, options, steps=steps, progress=bar.update, trace=level)
     bar.close()
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    result.trace.save(out / "spans.json")
+    trace, result.trace = result.trace, None  # written once, then let go: never held twice
+    chrome = rundir.chrome_path(out)
+    if level == "none":  # an earlier run's trace would pass for this one's: remove it
+        for path, kind in ((out / rundir.TRACE, "trace"), (chrome, "chrome")):
+            if path.is_file() and rundir.is_kind(path, kind):
+                path.unlink()
+    else:
+        trace.save(out / rundir.TRACE)
+        if not cfg.get("report", True):
+            write_text_atomic(chrome, json.dumps(chrome_trace(trace)))
+    del trace
     summary = dict(result.summary, out_dir=str(out))
     write_json_atomic(out / "summary.json", summary)
-    chrome = rundir.chrome_path(out)
     if cfg.get("report", True):
         from twin.report import write_report
 
         write_report([out])  # report.html and the Chrome export trace.json (memory counters)
-    else:
-        write_text_atomic(chrome, json.dumps(chrome_trace(result.trace)))
     print(json.dumps(summary, indent=2) if fmt == "json"
           else format_summary(job, summary, out, chrome.name))
     return summary

@@ -93,7 +93,7 @@ def test_legacy_dp_cannot_fold_dp_and_says_so_as_a_config_error():
 
 
 def test_the_documented_jobs_are_well_under_the_budgets():
-    """benchmarks/bench_twin.py's three jobs (8 GPUs, 1,024 unfolded, 16,384 folded)."""
+    """benchmarks/bench_twin.py's Llama jobs (8 GPUs, 1,024 unfolded, 16,384 folded)."""
     from benchmarks.bench_twin import JOBS
     from benchmarks.presets import dgx_h100, llama3
 

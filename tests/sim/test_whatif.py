@@ -18,6 +18,7 @@ from twin.spec import (
     ConfigError,
     ConfigWarning,
     GPUSpec,
+    InterNodeSpec,
     IntraNodeSpec,
     ParallelPlan,
     build_job,
@@ -242,10 +243,14 @@ def test_a_degraded_link_without_traffic_warns_once():
         simulate(one_node, options=SimOptions(degraded={("out", 1): 0.5}))
 
 
-def test_a_degraded_link_only_folded_copies_use_names_the_fold(two_nodes):
-    with pytest.warns(ConfigWarning, match=r"nic_out:1:0 carries no traffic in this job as "
-                                           r"simulated with fold=dp \(fold=none simulates every"):
-        simulate(two_nodes, options=SimOptions(fold="dp", degraded={("nic_out", 1, 0): 0.5}))
+def test_a_degraded_link_only_folded_copies_use_names_the_fold():
+    # tp=2 folded: rank 1's data-parallel all-reduce (a copy of rank 0's) is the only user of
+    # its node's second NIC
+    job = build_job(gpt(), cluster(nodes=2, gpus=2, inter=InterNodeSpec(nics_per_node=2)),
+                    ParallelPlan(tp=2, global_batch_size=2))
+    with pytest.warns(ConfigWarning, match=r"nic_out:0:1 carries no traffic in this job as "
+                                           r"simulated with fold=tp \(fold=none simulates every"):
+        simulate(job, options=SimOptions(fold="tp", degraded={("nic_out", 0, 1): 0.5}))
 
 
 def test_the_cli_says_one_line_for_a_zero_factor_and_warns_for_a_lone_one(tmp_path):

@@ -42,6 +42,21 @@ class CriticalPath:
     """The p2p latency ``p2p_s`` was timed with."""
     other_s: float = 0.0
     """Waits on the path that none of the above explains."""
+    period: object = None
+    """With ``critical_path(window=...)``: what one period of the window adds (its ``path``;
+    ``exact`` False when an op spans the whole period)."""
+
+    def plus(self, other: CriticalPath, n: int) -> CriticalPath:
+        """This path with ``n`` times ``other`` added (periods of a fast-forwarded steady
+        state: twin/sim/fastforward.py)."""
+        out = CriticalPath(self.step_s + n * other.step_s, Counter(self.compute),
+                           Counter(self.host), self.comm_s + n * other.comm_s,
+                           self.p2p_s + n * other.p2p_s, self.p2p_n + n * other.p2p_n,
+                           self.p2p_latency_s, self.other_s + n * other.other_s)
+        for mine, more in ((out.compute, other.compute), (out.host, other.host)):
+            for key, count in more.items():
+                mine[key] += n * count
+        return out
 
     def retime(self, cost: CostModel, gpu: GPUSpec, p2p_latency_s: float | None = None) -> float:
         """The path's length under ``cost`` (the path itself unchanged)."""
@@ -77,20 +92,66 @@ def _key(op: Op) -> Op:
               flops=float(op.flops), bytes=float(op.bytes))
 
 
-def critical_path(sim, p2p_latency_s: float = 0.0) -> CriticalPath:
+def _walk_tables(st, prog) -> tuple[dict[int, int], list[int]]:
+    """Each op's predecessor on its stream, and the program's collectives and send/recvs
+    (the same for every rank of one program template)."""
+    prev: dict[int, int] = {}
+    for idx in st.streams.values():
+        prev.update(zip(idx[1:], idx))
+    return prev, [k for k, op in enumerate(prog.ops) if op.is_collective or op.is_p2p]
+
+
+class _Window:
+    """What one period [lo, hi) of a repeating steady state adds to a path (fast-forward):
+    the pieces of the walk (an op, a wait) that end inside it; a wait or transfer spanning it
+    whole grows by the period's length."""
+
+    def __init__(self, lo: float, hi: float, p2p_latency_s: float):
+        self.lo, self.hi = lo, hi
+        self.path = CriticalPath(step_s=hi - lo, p2p_latency_s=p2p_latency_s)
+        self.exact = True
+        """False when a counted piece (an op, the host's issues) spans the whole period."""
+
+    def add(self, a: float, b: float, field: str = "", seconds: float = 0.0, counter=None,
+            key=None, n: int = 1) -> None:
+        p = self.path
+        if self.lo <= b < self.hi:
+            if counter is not None:
+                getattr(p, counter)[key] += n
+            elif field:
+                setattr(p, field, getattr(p, field) + seconds)
+                if field == "p2p_s":
+                    p.p2p_n += 1
+        elif a < self.lo and b >= self.hi:
+            if counter is not None:
+                self.exact = False
+            elif field:
+                setattr(p, field, getattr(p, field) + (self.hi - self.lo))
+
+
+def critical_path(sim, p2p_latency_s: float = 0.0,
+                  window: tuple[float, float] | None = None) -> CriticalPath:
     """The critical path of a finished ``twin.sim.engine.Simulation`` (see the module
-    docstring). ``p2p_latency_s``: the latency each send/recv was timed with."""
+    docstring). ``p2p_latency_s``: the latency each send/recv was timed with. ``window``
+    (lo, hi): one period of a repeating steady state; ``path.period`` is then what each
+    period adds to the path (twin/sim/fastforward.py inserts more of them)."""
     ends = {r: e for r, e in sim.end.items() if len(e)}
     rank = max(ends, key=lambda r: float(ends[r].max()))
     i = int(ends[rank].argmax())
     path = CriticalPath(step_s=float(ends[rank][i]), p2p_latency_s=p2p_latency_s)
+    win = _Window(*window, p2p_latency_s) if window else None
+    add = win.add if win else (lambda *a, **k: None)
+    if win:
+        path.period = win
     before: dict[int, dict[int, int]] = {}
     members: dict[tuple, list[tuple[int, int]]] = {}
+    shared: dict[int, tuple[dict[int, int], list[int]]] = {}  # per stream structure
     for r, prog in sim.programs.items():
-        prev = before[r] = {}
-        for idx in sim.structure_of(r).streams.values():
-            prev.update(zip(idx[1:], idx))
-        for k, op in enumerate(prog.ops):
+        st = sim.structure_of(r)
+        prev, comm = shared.get(id(st)) or shared.setdefault(id(st), _walk_tables(st, prog))
+        before[r] = prev
+        for k in comm:
+            op = prog.ops[k]
             if op.is_collective:
                 members.setdefault(("c", op.group, op.name), []).append((r, k))
             elif op.is_p2p:
@@ -107,16 +168,22 @@ def critical_path(sim, p2p_latency_s: float = 0.0) -> CriticalPath:
             rank, i = max(members[key], key=lambda m: float(sim.start[m[0]][m[1]]))
             op = sim.programs[rank].ops[i]
             ready = float(sim.start[rank][i])
+            took = max(0.0, t - ready)
             if op.is_p2p:
-                path.p2p_s += max(0.0, t - ready)
+                path.p2p_s += took
                 path.p2p_n += 1
+                add(ready, t, "p2p_s", took)
             else:
-                path.comm_s += max(0.0, t - ready)
+                path.comm_s += took
+                add(ready, t, "comm_s", took)
         else:
             ready = float(sim.start[rank][i])
             if op.is_compute:
+                done = float(sim.end[rank][i])
                 path.compute[_key(op)] += 1
-                path.other_s += max(0.0, t - float(sim.end[rank][i]))
+                add(ready, done, counter="compute", key=_key(op))
+                path.other_s += max(0.0, t - done)
+                add(done, t, "other_s", max(0.0, t - done))
         end = sim.end[rank]
         cands = [(float(end[d]), 1, d) for d in op.deps]
         j = before[rank].get(i)
@@ -136,20 +203,24 @@ def critical_path(sim, p2p_latency_s: float = 0.0) -> CriticalPath:
         cands = [c for c in cands if c[2] < 0 or (rank, c[2]) not in seen]
         if not cands:
             path.other_s += max(0.0, ready)
+            add(0.0, ready, "other_s", max(0.0, ready))
             return path
         when, is_op, j = max(cands)
         path.other_s += max(0.0, ready - when)
+        add(when, ready, "other_s", max(0.0, ready - when))
         if not is_op:  # the host held it back: count what it issued up to this op
             first = sync + 1 if j >= 0 else 0
+            issued = when
+            when = float(end[j]) if j >= 0 else 0.0
             for o in sim.programs[rank].ops[first: i + 1]:
-                if o.is_compute:
-                    path.host[o.kind] += 1
-                elif o.is_collective or o.is_p2p:
-                    path.host["comm"] += 1
-                    if o.is_collective:
-                        path.host["comm_ranks"] += len(o.group)
+                kind = o.kind if o.is_compute else "comm" if o.is_collective or o.is_p2p else ""
+                if kind:
+                    path.host[kind] += 1
+                    add(when, issued, counter="host", key=kind)
+                if o.is_collective:
+                    path.host["comm_ranks"] += len(o.group)
+                    add(when, issued, counter="host", key="comm_ranks", n=len(o.group))
             if j < 0:
                 return path
-            when = float(end[j])
         i, t = j, when
     raise RuntimeError("the critical path does not end: the trace has a cycle")

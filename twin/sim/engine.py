@@ -8,8 +8,9 @@ arithmetic), so events scale with the synchronisation points, not with the ops. 
 ops take no time: each happens when its last dependency ends, computed after the run.
 
 Rank folding: ranks that are copies of each other along the folded axes (dp, tp) are
-simulated once; their collectives complete when the simulated members arrive, and
-their flows count once per copy on the resources the copies share (NIC, loopback, cores).
+simulated once; their collectives complete when the simulated members arrive, and every
+member's flows, and the flows of the group's copies on the links the group uses, load the
+fabric as in the full run (twin/sim/flows.py); compute on shared cores counts once per copy.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ import simpy
 
 from twin.cost import CostModel
 from twin.schedule.ir import Op, Program
-from twin.sim.collectives import Transfer, plan_collective
 from twin.sim.fabric import Fabric
+from twin.sim.flows import FlowPlanner
 from twin.sim.host import HostPlan, host_plan
 from twin.sim.records import (  # noqa: F401 - SimOptions, fold_classes: public here
     Bundle,
-    Fitted,
     P2PPair,
     PairKey,
     Rendezvous,
@@ -35,8 +35,9 @@ from twin.sim.records import (  # noqa: F401 - SimOptions, fold_classes: public 
     SimOptions,
     Structure,
     fold_classes,
+    folded_axes,
 )
-from twin.sim.topology import Resource, Topology
+from twin.sim.topology import Topology
 from twin.spec import Job
 
 FIFO_UNORDERED = ("p2p", "mem")
@@ -55,6 +56,8 @@ class Simulation:
         else:
             every = sorted({m for members in classes.values() for m in members})
         self.fabric = Fabric(self.env, self.topo.resources_for(every))
+        self.flows = FlowPlanner(self.topo, cost, options.algorithm,
+                                 folded_axes(job, options.fold) if len(classes) < world else ())
         self.classes = classes
         self.simulated = set(programs)
         self.rng = np.random.default_rng(options.seed)
@@ -65,8 +68,9 @@ class Simulation:
         self._pairs: dict[PairKey, P2PPair] = {}
         self._structures: dict[tuple[str, int], Structure] = {}
         self.core_share = job.cluster.cores_per_node is not None and cost.core_share
-        self._class_of: dict[int, int] | None = None  # member -> representative, when asked
-        self._copy_weights: dict[tuple[int, tuple[Resource, ...]], tuple[float, ...]] = {}
+        self._core_weights: dict[int, tuple[float]] = {}
+        self._members: dict[tuple[int, ...], int] = {}  # group -> its simulated members
+        self._compute_times: dict[tuple, float] = {}  # compute op signature -> base seconds
         self._inflight_comm = {r: 0 for r in programs}
         self.ops_done = 0
         self.on_progress: Callable[[int], None] | None = None
@@ -79,72 +83,19 @@ class Simulation:
         sigma = math.sqrt(math.log(1 + cv * cv))
         return float(self.rng.lognormal(-sigma * sigma / 2, sigma))
 
-    def _weights(self, src: int, resources: tuple[Resource, ...]) -> tuple[float, ...]:
-        """How many copies of ``src``'s flow share each resource (folded ranks); memoized per
-        (src, resources), as the same routes recur at every collective."""
-        copies = self.classes.get(src)
-        if copies is None:  # not a representative (hand-made classes): find its class
-            if self._class_of is None:
-                self._class_of = {m: rep for rep, ms in self.classes.items() for m in ms}
-            copies = self.classes.get(self._class_of.get(src, src), [src])
-        if len(copies) == 1:
-            return (1.0,) * len(resources)
-        key = (src, resources)
-        memo = self._copy_weights.get(key)
-        if memo is not None:
-            return memo
-        topo = self.topo
-        w = []
-        for res in resources:
-            if res[0] in ("up", "down", "cpu"):
-                w.append(float(sum(topo.grid.node(c) == res[1] for c in copies)))
-            elif res[0] in ("nic_out", "nic_in"):
-                w.append(float(sum(topo.grid.node(c) == res[1] and topo.nic(c) == res[2]
-                                   for c in copies)))
-            else:
-                w.append(1.0)
-        memo = self._copy_weights[key] = tuple(max(x, 1.0) for x in w)
-        return memo
-
-    def _bundle_spec(self, flows: list[Transfer]) -> Bundle | None:
-        """One fabric flow for a phase's flows: ring members move in lockstep, so the phase
-        runs at the pace of its most loaded resource. Each resource is weighted by how many
-        of the phase's flows (and their folded copies) cross it; the bundle moves the
-        largest per-flow byte count. None when no simulated rank sends."""
-        weights: dict[Resource, float] = {}
-        amount = 0.0
-        for src, dst, nbytes in flows:
-            if src not in self.simulated:
-                continue  # a folded copy: its simulated representative moves the same bytes
-            res = self.topo.route(src, dst)
-            for r, w in zip(res, self._weights(src, res)):
-                weights[r] = weights.get(r, 0.0) + w
-            amount = max(amount, nbytes)
-        if not weights:
-            return None
-        res = tuple(weights)
-        return Bundle(res, tuple(weights[r] for r in res), amount,
-                      tuple(self.topo.byte_cost(r) for r in res))
-
-    def _uncontended_s(self, b: Bundle) -> float:
-        cap = self.fabric.capacity
-        return b.size_bytes / min(cap[r] / (x * c)
-                                  for r, x, c in zip(b.resources, b.weights, b.byte_costs))
-
-    def _fitted(self, kind: str, group: tuple[int, ...], nbytes: float,
-                specs: list[Bundle | None], lat: list[float], role: str = "") -> Fitted:
-        """Apply a measured latency/bandwidth fit: same phases and contention, scaled so the
-        uncontended time is the fit's latency + S / bw."""
-        link = "inter" if self.topo.grid.nodes_spanned(group) > 1 else "intra"
-        fit = self.cost.collective_fit(kind, link, len(group), role)
-        if fit is None:
-            return Fitted(specs, lat, self.cost.base_latency_us * 1e-6)
-        ideal = sum(self._uncontended_s(sp) for sp in specs if sp is not None)
-        want = nbytes / (fit["bw_GBps"] * 1e9)
-        scale = want / ideal if ideal > 0 else 1.0
-        specs = [None if sp is None else Bundle(sp.resources, sp.weights, sp.size_bytes * scale,
-                                                sp.byte_costs) for sp in specs]
-        return Fitted(specs, [0.0] * len(lat), fit["latency_us"] * 1e-6)
+    def _core_weight(self, rank: int, node: int) -> tuple[float]:
+        """How many copies of ``rank`` (itself included) compute on its node's shared cores at
+        once: folded copies run the same op at the same instant."""
+        w = self._core_weights.get(rank)
+        if w is None:
+            copies = self.classes.get(rank)
+            if copies is None:  # not a representative (hand-made classes): find its class
+                of = {m: rep for rep, ms in self.classes.items() for m in ms}
+                copies = self.classes.get(of.get(rank, rank), [rank])
+            grid = self.topo.grid
+            w = self._core_weights[rank] = (float(max(1, sum(grid.node(c) == node
+                                                             for c in copies))),)
+        return w
 
     def _start(self, b: Bundle | None) -> simpy.Event | None:
         if b is None:
@@ -160,12 +111,9 @@ class Simulation:
         rv.members_left -= 1
         if rv.members_left == 0:
             del self._rv[(op.group, op.name)]
-            ph = plan_collective(op.kind, op.group, op.bytes, self.topo, self.opt.algorithm,
-                                 op.root)
-            specs = [self._bundle_spec(p.flows) for p in ph]
-            fit = self._fitted(op.kind, op.group, op.bytes, specs, [p.latency_s for p in ph], op.group_name)
-            self._next_phase(fit.bundles, fit.latencies_s, 0, rv.done,
-                             self._noise(self.cost.comm_cv), fit.base_latency_s)
+            bundles, lats, base = self.flows.collective(op.kind, op.group, op.bytes,
+                                                        op.group_name, op.root)
+            self._next_phase(bundles, lats, 0, rv.done, self._noise(self.cost.comm_cv), base)
             if self.on_progress and len(op.group) >= 1024:
                 self.on_progress(self.ops_done)  # planning a large group takes a while: say so
         self.events += 1
@@ -217,17 +165,9 @@ class Simulation:
             evs[i].succeed()
 
     def _run_p2p(self, src: int, dst: int, op: Op, done: simpy.Event):
-        flows = [Transfer(src, dst, op.bytes)] if src in self.simulated \
-            else [Transfer(dst, src, op.bytes)]
-        spec = self._bundle_spec(flows)
-        lat = self.cost.p2p_latency_us * 1e-6 if self.cost.p2p_latency_us is not None \
-            else self.topo.alpha(src, dst)
-        fit = self._fitted("sendrecv", (src, dst), op.bytes, [spec], [0.0])
-        if self.cost.collective_fit("sendrecv", "inter" if self.topo.inter(src, dst) else "intra",
-                                    2) is not None:
-            lat = fit.base_latency_s
+        bundle, lat = self.flows.p2p(src, dst, op.bytes)
         yield self.env.timeout(lat * self._noise(self.cost.comm_cv))
-        ev = self._start(fit.bundles[0])
+        ev = self._start(bundle)
         if ev is not None:
             yield ev
         done.succeed()
@@ -243,7 +183,10 @@ class Simulation:
         key = (op.group, op.name)
         rv = self._rv.get(key)
         if rv is None:
-            members = sum(1 for m in op.group if m in self.simulated)
+            members = self._members.get(op.group)
+            if members is None:
+                members = self._members[op.group] = sum(1 for m in op.group
+                                                        if m in self.simulated)
             rv = self._rv[key] = Rendezvous(members, self.env.event())
         return rv
 
@@ -310,8 +253,8 @@ class Simulation:
                         yield env.timeout(pending)
                         pending = 0.0
                     st[i] = env.now
-                    res = (("cpu", node),)
-                    yield self.fabric.transfer(res, dur, cap=1.0, weights=self._weights(rank, res))
+                    yield self.fabric.transfer((("cpu", node),), dur, cap=1.0,
+                                               weights=self._core_weight(rank, node))
                     en[i] = env.now
                     self.events += 1
                 else:
@@ -357,9 +300,17 @@ class Simulation:
         if host is not None:
             for waited in host.waits.values():
                 external.update(waited)  # the host waits for them: they need events
-        ext_deps = [tuple(d for d in op.deps if d in external) for op in ops]
-        gpu = self.job.cluster.gpu
-        base = [self.cost.compute_time(op, gpu) if op.is_compute else 0.0 for op in ops]
+        ext_deps = [tuple(d for d in op.deps if d in external) if op.deps else ()
+                    for op in ops]
+        gpu, cost, times = self.job.cluster.gpu, self.cost, self._compute_times
+        base = [0.0] * len(ops)
+        for i, op in enumerate(ops):  # the same shapes recur at every layer and micro-batch
+            if op.is_compute:
+                sig = (op.kind, op.dtype, op.shape, op.flops, op.bytes)
+                t = times.get(sig)
+                if t is None:
+                    t = times[sig] = cost.compute_time(op, gpu)
+                base[i] = t
         out = Structure(streams, external, ext_deps, base, host)
         self._structures[key] = out
         return out
@@ -370,6 +321,7 @@ class Simulation:
 
     def run(self) -> float:
         """Simulate; returns the step time in seconds."""
+        self.flows.prepare(self.programs)
         for rank, prog in self.programs.items():
             streams, external, ext_deps, base, host = self._structure(rank, prog)
             ops = prog.ops

@@ -39,7 +39,14 @@ class HostPlan:
 
 def host_plan(ops: list[Op], cost: CostModel) -> HostPlan | None:
     """The host's plan of a program, or None when the host neither costs nor waits."""
-    host = [cost.host_time(op) for op in ops]
+    memo: dict[tuple, float] = {}
+    host = []
+    for op in ops:  # the same kinds and shapes recur at every layer and micro-batch
+        key = (op.kind, op.dtype, len(op.group), op.shape, op.bytes, op.flops)
+        h = memo.get(key)
+        if h is None:
+            h = memo[key] = cost.host_time(op)
+        host.append(h)
     sync = cost.p2p_host_sync and any(op.is_p2p for op in ops)
     if not sync and not any(host):
         return None

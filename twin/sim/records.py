@@ -22,7 +22,8 @@ class SimOptions:
     """What-if knobs and fidelity options of one simulation."""
 
     fold: str = "none"
-    """none, dp, tp or all: axes whose ranks are simulated once (exact copies)."""
+    """none, dp, tp, all or auto: axes whose ranks are simulated once (exact copies); auto:
+    every axis whose copies are exact (``resolve_options``)."""
     algorithm: str = "auto"
     """Collective algorithm: auto (hierarchical across nodes, else ring), ring, tree."""
     straggler: dict[int, float] = field(default_factory=dict)
@@ -32,6 +33,9 @@ class SimOptions:
     jitter: bool = False
     """Draw compute and collective noise from the profile's compute_cv / comm_cv."""
     seed: int = 0
+    fast_forward: bool = True
+    """Advance a pipeline's steady state by whole periods once it repeats
+    (twin/sim/fastforward.py); off by itself with jitter or a what-if."""
 
 
 FOLD_AXES = {"none": (), "dp": ("dp",), "tp": ("tp",), "all": ("dp", "tp")}
@@ -49,14 +53,61 @@ def _offsets(grid, dims) -> list[int]:
 
 
 def folded_axes(job: Job, fold: str) -> tuple[str, ...]:
-    """The axes ``fold`` folds (ConfigError for legacy DP, whose device 0 differs)."""
+    """The axes ``fold`` folds (ConfigError for legacy DP, whose device 0 differs); auto:
+    those ``exact_axes`` allows (what-ifs aside: ``twin.sim.run.resolve_options``)."""
+    if fold == "auto":
+        fold = auto_fold(job)
     if fold not in FOLD_AXES:
-        raise ConfigError(f"fold={fold!r} is not one of {'|'.join(FOLD_AXES)}")
+        raise ConfigError(f"fold={fold!r} is not one of {'|'.join([*FOLD_AXES, 'auto'])}")
     dims = FOLD_AXES[fold]
     if job.parallel.legacy_dp and "dp" in dims:
         raise ConfigError(f"fold={fold} cannot fold legacy DP: device 0 differs from the "
                           "others; use fold=none (or fold=tp)")
     return dims
+
+
+def exact_axes(job: Job, algorithm: str = "auto") -> tuple[str, ...]:
+    """The folded axes (dp, tp) whose copies are exact: some relabelling of the axis's
+    coordinates maps the machine onto itself (each node's ranks to one node's, each NIC's to
+    one NIC's) and every group onto a group, so every copy meets what its representative
+    meets. Moving along an axis of stride s and size n on nodes of g GPUs does so when
+
+    - s is a multiple of g: whole nodes move;
+    - the axis stays inside a node in blocks that tile it (s n divides g);
+    - or it spans whole nodes with g / s of its ranks on each (s divides g, g divides s n),
+      relabelled as a move of whole nodes and a rotation inside each node; its groups' rings
+      are then only preserved by the hierarchical algorithm (``algorithm`` auto), whose
+      rings run inside each node and across nodes by position;
+
+    and, inside a node, a step moves whole NIC blocks (or stays inside one). Legacy DP's
+    device 0 differs from the other replicas: never folded."""
+    grid, c = job.grid, job.cluster
+    gpn = c.gpus_per_node
+    per_nic = max(1, gpn // max(1, c.inter.nics_per_node))
+
+    def inside(step: int, block: int) -> bool:  # a rotation of ``block`` ranks ``step`` apart
+        return gpn % block == 0 and gpn % per_nic == 0 and (
+            step % per_nic == 0 or (block <= per_nic and per_nic % block == 0))
+
+    out = []
+    for axis in ("dp", "tp"):
+        n = grid.size(axis)
+        if n == 1 or (axis == "dp" and job.parallel.legacy_dp):
+            continue
+        s = grid.rank(**{axis: 1})
+        if s % gpn == 0 or (s * n <= gpn and inside(s, s * n)) or (
+                algorithm in ("auto", "hierarchical") and gpn % s == 0 and (s * n) % gpn == 0
+                and inside(s, gpn)):
+            out.append(axis)
+    return tuple(out)
+
+
+def auto_fold(job: Job, algorithm: str = "auto") -> str:
+    """The fold ``auto`` stands for: every axis ``exact_axes`` allows."""
+    axes = exact_axes(job, algorithm)
+    if not axes:
+        return "none"
+    return "all" if set(axes) == {a for a in ("dp", "tp") if job.grid.size(a) > 1} else axes[0]
 
 
 def fold_rep(job: Job, fold: str, rank: int) -> int:
@@ -84,7 +135,7 @@ def fold_classes(job: Job, fold: str, progress=None) -> dict[int, list[int]]:
 
 
 class Bundle(NamedTuple):
-    """One fabric flow standing for a phase's flows (see Simulation._bundle_spec)."""
+    """One fabric flow standing for a phase's flows (twin.sim.flows.FlowPlanner)."""
 
     resources: tuple[Resource, ...]
     weights: tuple[float, ...]
@@ -93,16 +144,6 @@ class Bundle(NamedTuple):
     """The largest per-flow byte count: the bundle moves at its most loaded resource's pace."""
     byte_costs: tuple[float, ...]
     """Per resource: units of it one byte uses (Topology.byte_cost)."""
-
-
-class Fitted(NamedTuple):
-    """A collective's phases after a measured latency/bandwidth fit (Simulation._fitted)."""
-
-    bundles: list[Bundle | None]
-    latencies_s: list[float]
-    """Per-phase latency."""
-    base_latency_s: float
-    """Added once, before the first phase."""
 
 
 @dataclass(slots=True)

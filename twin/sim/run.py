@@ -1,5 +1,6 @@
-"""simulate(): check the work against a budget, build the programs, run the engine for N
-steps, and write spans and summary.
+"""simulate(): settle the options (fold=auto, fast-forward), check the work against a budget,
+run the engine for N steps (twin/sim/stepsim.py), and hand back the summary of every
+simulated rank and the spans the trace level asks for (twin/sim/spans.py).
 
 The budget (``check_budget``) is checked from the job's shape before anything is built per
 rank: a mistyped ``cluster.num_nodes=10000000`` or ten million micro-batches is refused in
@@ -8,15 +9,17 @@ one line with the estimate, the budget and the fix, instead of running for hours
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
 from twin.cost import CostModel, default_cost_model
-from twin.metrics import summarize
-from twin.schedule.builder import build_schedule
-from twin.sim.critical import critical_path
-from twin.sim.engine import SimOptions, Simulation, fold_classes
-from twin.sim.records import folded_axes
+from twin.metrics import summary_of
+from twin.sim.engine import SimOptions, fold_classes
+from twin.sim.records import auto_fold, exact_axes, folded_axes
+from twin.sim.spans import TRACE_LEVELS, rank_spans, recorded_ranks
+from twin.sim.stats import step_figures
+from twin.sim.stepsim import Stepper, StepRun
 from twin.sim.whatif import check_options, warn_idle_links
 from twin.spec import ConfigError, Job
 from twin.spec.io import job_to_dict
@@ -24,6 +27,8 @@ from twin.summary import Summary
 from twin.trace import Span, Trace
 
 MAX_TRACE_SPANS = 2_000_000
+"""Spans the library's default trace holds at most (every simulated rank's, else the
+report's level of detail); the CLI asks for a level (``trace=``)."""
 
 MAX_RANKS = 1 << 18
 """GPUs (ranks) the twin sets up at most, folded or not: folding, the fabric and the
@@ -34,8 +39,8 @@ MAX_WORK = 50_000_000
 twin takes on at most. A unit costs 5 to 25 us on one core, so the budget is minutes of
 work: it refuses runaway inputs, not big jobs. The documented jobs are well under it:
 bench_twin.py (b) (1,024 GPUs unfolded, about a minute) is 8.2 million units, (c) (16,384
-GPUs folded, seconds) 0.4 million; auto folding (above 512 GPUs) keeps thousands of GPUs
-in seconds (8,192 GPUs of Llama-3 8B FSDP: 0.8 million)."""
+GPUs folded, seconds) 0.4 million; auto folding (every exact copy simulated once) keeps
+thousands of GPUs in seconds (8,192 GPUs of Llama-3 8B FSDP: 0.8 million)."""
 OPS_PER_LAYER = 40
 """Ops per layer and micro-batch of one rank's program: 29 to 60 over the presets (more
 with TP, SP and recomputation), plus a quarter of that per layer once a step (gradient
@@ -129,73 +134,141 @@ class SimResult:
     summary: Summary
 
 
-def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None = None,
-             steps: int = 1, progress=None) -> SimResult:
-    """Simulate ``steps`` steps of ``job`` (independent draws when jitter is on).
+def resolve_options(job: Job, options: SimOptions, steps: int = 1) \
+        -> tuple[SimOptions, list[str]]:
+    """``options`` with fold=auto and fast-forward settled for ``job``, and a notice for each
+    choice a user may not expect. auto folds every axis whose copies are exact
+    (records.exact_axes) unless jitter or a what-if singles ranks out: then every rank is
+    simulated, or, past the work budget, the exact axes are folded with a notice that the
+    copies share their representative's noise or what-if. Fast-forward is off with jitter
+    (no two periods alike) and with what-ifs."""
+    notes: list[str] = []
+    perturbed = [what for what, on in (("jitter", options.jitter),
+                                        ("a straggler", bool(options.straggler)),
+                                        ("a degraded link", bool(options.degraded))) if on]
+    fold = options.fold
+    if fold == "auto":
+        fold = auto_fold(job, options.algorithm)
+        if perturbed and fold != "none":
+            try:
+                check_budget(job, "none", steps)
+                fold = "none"
+                notes.append(f"fold=auto simulates every rank: {' and '.join(perturbed)} "
+                             "single(s) out ranks, so no two are copies")
+            except ConfigError:
+                notes.append(f"fold=auto folds along {fold} despite {' and '.join(perturbed)}: "
+                             "every rank is past the work budget; the folded copies share "
+                             "their representative's noise and what-ifs")
+        exact = exact_axes(job, options.algorithm)
+        left = [a for a in ("dp", "tp") if job.grid.size(a) > 1 and a not in exact
+                and not (a == "dp" and job.parallel.legacy_dp)]
+        if left and not (perturbed and fold == "none"):
+            notes.append(f"fold=auto leaves {' and '.join(left)} unfolded: moving a rank along "
+                         f"{'them' if len(left) > 1 else 'it'} changes the links it meets "
+                         f"({job.cluster.gpus_per_node} GPUs and "
+                         f"{job.cluster.inter.nics_per_node} NICs per node)")
+    fast = options.fast_forward
+    if fast and perturbed:
+        fast = False
+        notes.append(f"fast-forward is off: {' and '.join(perturbed)} (every micro-batch is "
+                     "simulated)")
+    return dataclasses.replace(options, fold=fold, fast_forward=fast), notes
 
-    ``progress(done, total, what)`` reports folding, building and simulating. The trace
-    holds every simulated rank unless that would exceed MAX_TRACE_SPANS spans, in which case it holds the
-    first simulated rank of each pipeline stage (the summary still covers all ranks'
-    step time). What-ifs that cannot apply to ``job`` (a link its topology lacks, a
-    straggler outside the world) raise ConfigError (twin.sim.whatif.check_options), as
-    does a job past the work budget (check_budget); a degraded link no flow crossed
-    warns once (twin.sim.whatif.warn_idle_links)."""
+
+def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None = None,
+             steps: int = 1, progress=None, trace: str | None = None) -> SimResult:
+    """Simulate ``steps`` steps of ``job`` (independent draws when jitter is on; without it
+    every step is the first).
+
+    ``trace``: what the returned trace holds (twin/sim/spans.py): ``full`` every simulated
+    rank's spans, ``auto`` what the report draws by default, ``none`` nothing; None (the
+    default): full unless that is past MAX_TRACE_SPANS spans, then auto. The summary covers
+    every simulated rank whatever the trace holds. ``progress(done, total, what)`` reports
+    folding, building and simulating. What-ifs that cannot apply to ``job`` (a link its
+    topology lacks, a straggler outside the world) raise ConfigError
+    (twin.sim.whatif.check_options), as does a job past the work budget (check_budget); a
+    degraded link no flow crossed warns once (twin.sim.whatif.warn_idle_links)."""
     t0 = time.perf_counter()
     cost = cost or default_cost_model(job.cluster)
-    options = options or SimOptions()
+    options, notes = resolve_options(job, options or SimOptions(), steps)
+    if trace is not None and trace not in TRACE_LEVELS:
+        raise ConfigError(f"trace={trace!r} is not one of {'|'.join(TRACE_LEVELS)}")
     check_budget(job, options.fold, steps)
     check_options(job, options, cost)
     classes = fold_classes(job, options.fold, progress)
-    schedule = build_schedule(job)
-    programs = {}
-    for k, r in enumerate(sorted(classes)):
-        programs[r] = schedule.program(r)
-        if progress and not k % 64:
-            progress(k + 1, len(classes), "building programs")
-    n_ops = sum(len(p.ops) for p in programs.values())
-    mem_ops = sum(1 for p in programs.values() for op in p.ops if op.stream == "mem")
-    record = sorted(programs)
-    if n_ops * steps > MAX_TRACE_SPANS:
-        stage_first: dict[int, int] = {}
-        for r in record:
-            stage_first.setdefault(job.grid.coord(r, "pp"), r)
-        record = sorted(stage_first.values())
+    stepper = Stepper(job, cost, options, classes, options.fast_forward, progress)
+    first: StepRun | None = None
+    stats: dict[int, dict] = {}
     spans: list[Span] = []
-    step_times, events = [], 0
-    offset = 0.0
-    timed = n_ops - mem_ops
+    record: list[int] = []
+    step_times: list[float] = []
+    offset, events, ops, parts = 0.0, 0, 0, {}
     for k in range(steps):
-        opts = SimOptions(**{**options.__dict__, "seed": options.seed + k})
-        if progress:  # the fabric's resources: one pass over every rank
-            progress(k * timed, steps * timed, f"setting up step {k + 1}/{steps}")
-        sim = Simulation(job, programs, cost, opts, classes)
-        if progress:
-            sim.on_progress = lambda done, k=k, timed=timed: progress(k * timed + done, steps * timed,
-                                                         f"simulating step {k + 1}/{steps}")
-        step = sim.run()
-        if not k:
-            warn_idle_links(sim, options)
-            parts = critical_path(sim, (cost.p2p_latency_us or 0.0) * 1e-6).parts(cost, job.cluster.gpu)
-        step_times.append(step)
-        events += sim.events + sim.fabric.flows_done
+        if first is not None and not options.jitter:
+            run = first  # no noise: every step is the first
+            stats[k] = stats[0]
+        else:
+            stepper.label = f"step {k + 1}/{steps}"
+            if progress:
+                stepper.on_engine = lambda sim, k=k: setattr(sim, "on_progress", _reporter(
+                    progress, sim, f"simulating step {k + 1}/{steps}"))
+            run = stepper.step(k)
+            events += run.events
+            stats[k] = step_figures(run.lines, offset)
+        if first is None:
+            first = run
+            warn_idle_links(run.sim, options)
+            parts = run.path.parts(cost, job.cluster.gpu)
+            record = _recorded(job, run, trace, steps)
+        run.sim = None  # the engine's state: done with (its arrays live on in the timelines)
         for r in record:
-            st, en = sim.start[r], sim.end[r]
-            for i, op in enumerate(programs[r].ops):
-                spans.append(Span.of(op, r, k, (offset + st[i]) * 1e6, (offset + en[i]) * 1e6))
-        offset += step
+            spans.extend(rank_spans(r, run.programs[r].ops, run.lines[r], k, offset,
+                                    run.moved[r] if run.moved else None))
+        step_times.append(run.step_s)
+        ops += run.ops
+        offset += run.step_s
     wall = time.perf_counter() - t0
-    trace = Trace(spans, meta={
+    meta_trace = {"level": trace or ("full" if len(record) == len(first.lines) else "auto"),
+                  "recorded_ranks": record}
+    out = Trace(spans, meta={
         "source": "twin", "world_size": job.grid.world_size,
         "gpus_per_node": job.cluster.gpus_per_node, "job": job_to_dict(job), "steps": steps,
-        "fold": options.fold, "simulated_ranks": len(programs), "recorded_ranks": record,
-        "profile": cost.name})
-    summary = summarize(trace, job, step_times)
+        "fold": options.fold, "simulated_ranks": len(classes), "recorded_ranks": record,
+        "profile": cost.name, "trace": meta_trace["level"]})
+    summary = summary_of(stats, job, step_times)
     summary.extra.update({
         "source": "twin",
-        "simulated_ranks": len(programs), "fold": options.fold, "events": events,
-        "wall_s": wall, "events_per_s": events / wall if wall else 0.0, "ops": n_ops * steps,
+        "simulated_ranks": len(classes), "fold": options.fold, "events": events,
+        "wall_s": wall, "events_per_s": events / wall if wall else 0.0,
+        "ops": ops,
         "profile": cost.name, "jitter": options.jitter, "seed": options.seed,
         # what the first step's critical path spends its time on: compute per kind, the
         # host issuing ops, collectives, send/recv, waits nothing explains
-        "critical_path_s": {key: v for key, v in parts.items() if v > 0}})
-    return SimResult(trace, summary)
+        "critical_path_s": {key: v for key, v in parts.items() if v > 0},
+        "fast_forward": _forwarded(job, first), "trace": meta_trace, "notes": notes})
+    return SimResult(out, summary)
+
+
+def _reporter(progress, sim, what: str):
+    total = sum(len(p.ops) for p in sim.programs.values())
+    return lambda done: progress(done, total, what)
+
+
+def _recorded(job: Job, run: StepRun, trace: str | None, steps: int) -> list[int]:
+    stage_of = {r: job.grid.coord(r, "pp") for r in run.lines}
+    timed = {r: int(ln.table.timed[ln.idx].sum()) for r, ln in run.lines.items()}
+    if trace is None:
+        total = sum(len(ln.idx) for ln in run.lines.values()) * steps
+        trace = "full" if total <= MAX_TRACE_SPANS else "auto"
+    return recorded_ranks(trace, stage_of, timed, steps)
+
+
+def _forwarded(job: Job, run: StepRun) -> dict | None:
+    """What the fast-forward did (None: every micro-batch was simulated)."""
+    if run.cut is None:
+        return None
+    return {"period_s": run.cut.period_s, "periods": run.cut.periods,
+            "period_microbatches": run.cut.period_mb,
+            "microbatches": job.parallel.num_microbatches,
+            "simulated_microbatches": run.simulated_microbatches,
+            "critical_path_exact": run.path_exact}

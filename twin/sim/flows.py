@@ -1,0 +1,214 @@
+"""A collective's or send/recv's fabric flows, planned once per group and reused.
+
+Each phase of an algorithm (twin/sim/collectives.py) becomes one bundled fabric flow: ring
+members move in lockstep, so the phase runs at the pace of its most loaded resource. A
+resource's weight counts the transfers that cross it:
+
+- every member's transfers, simulated or not (a folded member moves the same bytes as its
+  representative, over its own links);
+- under rank folding, the transfers of the group's copies (the same call on the ranks the
+  folded axes map the group to) that cross a resource of the group's own transfers: those
+  copies run at the same instant and share the node's NICs, up/down links or cores.
+
+With every rank simulated this is the phase's flows and nothing else; folded, the bundle
+loads each resource as the full run does, so folding changes no time (tests/sim). Phases
+are planned per op byte and memoized per (kind, group, root, role): the same groups recur at
+every layer and micro-batch, so a step plans each group once.
+
+``prepare`` plans every call of the programs before the run and merges resources that no
+flow can tell apart: two links crossed by exactly the same bundles, with the same weight and
+cost in each, and of the same capacity, always carry the same load, so one stands for both
+(a ring over 128 nodes crosses 256 NICs that nothing else uses: one resource, not 256). The
+fabric's work per flow then grows with what differs, not with the group's size.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+from typing import NamedTuple
+
+import numpy as np
+
+from twin.cost import CostModel
+from twin.sim.collectives import Transfer, plan_collective
+from twin.sim.records import Bundle
+from twin.sim.topology import Resource, Topology
+
+
+class Planned(NamedTuple):
+    """A call's phases per byte of its op: bundles (None: no transfer), latencies, fit."""
+
+    bundles: tuple[Bundle | None, ...]
+    """Each phase's bundle moving ``size_bytes`` per byte of the op (scaled by the fit)."""
+    latencies_s: tuple[float, ...]
+    base_latency_s: float
+    """Added once, before the first phase."""
+
+    def scaled(self, nbytes: float) -> list[Bundle | None]:
+        return [None if b is None else b._replace(size_bytes=b.size_bytes * nbytes)
+                for b in self.bundles]
+
+
+class FlowPlanner:
+    """Plans the bundles of collectives and send/recvs for one simulation (see the module
+    docstring); ``axes``: the folded grid axes (none: every rank simulated)."""
+
+    def __init__(self, topo: Topology, cost: CostModel, algorithm: str,
+                 axes: tuple[str, ...] = ()):
+        self.topo, self.cost, self.algorithm = topo, cost, algorithm
+        grid = topo.grid
+        self.axes = tuple(a for a in axes if grid.size(a) > 1)
+        self._stride = {d: grid.rank(**{d: 1}) if grid.size(d) > 1 else 0 for d in grid.order}
+        self._memo: dict[tuple, Planned] = {}
+        self._fits: dict[tuple, dict | None] = {}
+        self._merged = False
+
+    def prepare(self, programs) -> None:
+        """Plan every collective and send/recv of ``programs`` (rank -> Program), then merge
+        the resources no bundle tells apart (see the module docstring). Only calls planned
+        here may run after it."""
+        seen: set[tuple] = set()
+        for rank, prog in programs.items():
+            for op in prog.ops:
+                if op.is_collective:
+                    key = (op.kind, op.group, op.root, op.group_name)
+                    if key not in seen:
+                        seen.add(key)
+                        self.collective(op.kind, op.group, 0.0, op.group_name, op.root)
+                elif op.is_p2p:
+                    pair = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
+                    if pair not in seen:
+                        seen.add(pair)
+                        self.p2p(*pair, 0.0)
+        sig: dict[Resource, list] = {}
+        for n, plan in enumerate(self._memo.values()):
+            for k, b in enumerate(plan.bundles):
+                if b is not None:
+                    for r, w, c in zip(b.resources, b.weights, b.byte_costs):
+                        sig.setdefault(r, []).append((n, k, w, c))
+        cap = self.topo.capacity
+        rep: dict[tuple, Resource] = {}
+        one = {r: rep.setdefault((tuple(v), cap[r]), r) for r, v in sig.items()
+               if r[0] != "cpu"}  # compute shares the cores outside the planner's bundles
+        for key, plan in self._memo.items():
+            self._memo[key] = plan._replace(bundles=tuple(
+                None if b is None else _merge(b, one) for b in plan.bundles))
+        self._merged = True
+
+    # -- the public calls ------------------------------------------------------------------
+    def collective(self, kind: str, group: tuple[int, ...], nbytes: float, role: str,
+                   root: int = -1) -> tuple[list[Bundle | None], tuple[float, ...], float]:
+        """(bundles, per-phase latencies, base latency) of one collective call."""
+        key = ("c", kind, group, root, role)
+        plan = self._memo.get(key)
+        if plan is None:
+            self._unplanned(key)
+            phases = plan_collective(kind, group, 1.0, self.topo, self.algorithm, root)
+            bundles = [self._bundle(p.flows, group) for p in phases]
+            plan = self._memo[key] = self._fit(kind, group, bundles,
+                                                [p.latency_s for p in phases], role)
+        return plan.scaled(nbytes), plan.latencies_s, plan.base_latency_s
+
+    def p2p(self, src: int, dst: int, nbytes: float) -> tuple[Bundle | None, float]:
+        """(bundle, latency before it) of one send/recv from ``src`` to ``dst``."""
+        key = ("p", src, dst)
+        plan = self._memo.get(key)
+        if plan is None:
+            self._unplanned(key)
+            pair = (src, dst)
+            bundle = self._bundle([Transfer(src, dst, 1.0)], pair)
+            fitted = self._fit("sendrecv", pair, [bundle], [0.0], "")
+            link = "inter" if self.topo.inter(src, dst) else "intra"
+            if self._fit_of("sendrecv", link, 2, "") is not None:
+                lat = fitted.base_latency_s
+            elif self.cost.p2p_latency_us is not None:
+                lat = self.cost.p2p_latency_us * 1e-6
+            else:
+                lat = self.topo.alpha(src, dst)
+            plan = self._memo[key] = Planned(fitted.bundles, (lat,), 0.0)
+        return plan.scaled(nbytes)[0], plan.latencies_s[0]
+
+    # -- planning ---------------------------------------------------------------------------
+    def _unplanned(self, key: tuple) -> None:
+        if self._merged:
+            raise RuntimeError(f"{key} was not planned before the run (FlowPlanner.prepare): "
+                               "its links may have been merged with others")
+
+    def _bundle(self, flows: list[Transfer], group: tuple[int, ...]) -> Bundle | None:
+        """One bundle for a phase's flows per op byte (see the module docstring)."""
+        if not flows:
+            return None
+        topo = self.topo
+        weights: dict[Resource, float] = {}
+        amount = 0.0
+        for src, dst, nbytes in flows:
+            for r in topo.route(src, dst):
+                weights[r] = weights.get(r, 0.0) + 1.0
+            amount = max(amount, nbytes)
+        for flow_copies in self._copies(flows, group):
+            for src, dst in flow_copies:
+                for r in topo.route(src, dst):
+                    if r in weights:
+                        weights[r] += 1.0
+        res = tuple(weights)
+        return Bundle(res, tuple(weights[r] for r in res), amount,
+                      tuple(topo.byte_cost(r) for r in res))
+
+    def _copies(self, flows: list[Transfer], group: tuple[int, ...]):
+        """The flows of each copy of ``group`` under folding that touches a node of the
+        group's own flows (copies elsewhere share no resource with them)."""
+        if not self.axes:
+            return
+        grid = self.topo.grid
+        moving = [a for a in self.axes if len({grid.coord(m, a) for m in group}) == 1]
+        if not moving:
+            return  # the group spans every folded axis: its copies are the group itself
+        gpn = self.topo.gpn
+        ends = np.array([e for f in flows for e in (f.src, f.dst)], dtype=np.int64)
+        sizes = np.array([grid.size(a) for a in moving], dtype=np.int64)
+        stride = np.array([self._stride[a] for a in moving], dtype=np.int64)
+        coords = (ends[:, None] // stride) % sizes  # endpoint x axis
+        shifts = np.array(list(product(*(range(n) for n in sizes)))[1:], dtype=np.int64)
+        # moved[s, e]: endpoint e of the copy ``shifts[s]`` away (coordinates wrap per axis)
+        moved = ends + (((coords[None] + shifts[:, None]) % sizes - coords[None])
+                        * stride).sum(axis=2)
+        near = np.isin(moved // gpn, np.unique(ends // gpn)).any(axis=1)
+        for row in moved[near].tolist():
+            yield list(zip(row[0::2], row[1::2]))
+
+    def _fit_of(self, kind: str, link: str, n: int, role: str) -> dict | None:
+        key = (kind, link, n, role)
+        if key not in self._fits:
+            self._fits[key] = self.cost.collective_fit(kind, link, n, role)
+        return self._fits[key]
+
+    def _fit(self, kind: str, group: tuple[int, ...], bundles: list[Bundle | None],
+             lat: list[float], role: str) -> Planned:
+        """Apply a measured latency/bandwidth fit: same phases and contention, scaled so the
+        uncontended time is the fit's latency + S / bw (per op byte: S = 1)."""
+        link = "inter" if self.topo.grid.nodes_spanned(group) > 1 else "intra"
+        fit = self._fit_of(kind, link, len(group), role)
+        if fit is None:
+            return Planned(tuple(bundles), tuple(lat), self.cost.base_latency_us * 1e-6)
+        ideal = sum(self._uncontended_s(b) for b in bundles if b is not None)
+        want = 1.0 / (fit["bw_GBps"] * 1e9)
+        scale = want / ideal if ideal > 0 else 1.0
+        bundles = [None if b is None else b._replace(size_bytes=b.size_bytes * scale)
+                   for b in bundles]
+        return Planned(tuple(bundles), (0.0,) * len(lat), fit["latency_us"] * 1e-6)
+
+    def _uncontended_s(self, b: Bundle) -> float:
+        cap = self.topo.capacity
+        return b.size_bytes / min(cap[r] / (x * c)
+                                  for r, x, c in zip(b.resources, b.weights, b.byte_costs))
+
+
+def _merge(b: Bundle, one: dict[Resource, Resource]) -> Bundle:
+    """``b`` over the representatives of its resources (each once: merged ones share weights)."""
+    out: dict[Resource, int] = {}
+    for k, r in enumerate(b.resources):
+        out.setdefault(one.get(r, r), k)
+    if len(out) == len(b.resources):
+        return b._replace(resources=tuple(out))
+    return Bundle(tuple(out), tuple(b.weights[k] for k in out.values()), b.size_bytes,
+                  tuple(b.byte_costs[k] for k in out.values()))

@@ -1,0 +1,142 @@
+"""A simulated step's figures from the engine's per-rank arrays, without building spans.
+
+The same figures ``twin.metrics.step_stats`` computes from a trace's spans (step time;
+per rank compute, idle, exposed communication per group, the pipeline bubble, peak tensor
+memory), computed per rank with numpy on the op indices and start/end times a rank ran
+(``Timeline``: a simulation's arrays, or a fast-forwarded expansion of them), so the summary
+covers every simulated rank whatever the trace records. Interval algebra as in metrics:
+the union of intervals is measured after sorting by start (each adds what reaches past the
+running maximum of the ends before it); communication exposed beside compute is
+|comm U compute| - |compute|; the bubble is the pipeline window less |compute U comm|.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from twin.vocab import COMPUTE_KINDS, MEMORY_KINDS, PIPELINE_PHASES
+
+
+class OpTable(NamedTuple):
+    """What the figures need of each op of one program, as arrays (op index -> value)."""
+
+    compute: np.ndarray
+    """Compute ops (busy time)."""
+    timed: np.ndarray
+    """Ops that take time: everything but memory ops."""
+    pipe: np.ndarray
+    """Compute ops of the pipeline's phases (fwd, bwd, recompute): the bubble's window."""
+    group: np.ndarray
+    """Non-compute timed ops: index into ``groups`` (their group, else their kind); -1 others."""
+    groups: tuple[str, ...]
+    bubble_comm: np.ndarray
+    """Communication that counts as work inside the bubble's window (not pp, pipeline phases)."""
+    memory: np.ndarray
+    """Alloc and free ops."""
+    is_alloc: np.ndarray
+    mem_bytes: np.ndarray
+    """Signed bytes of memory ops: + alloc, - free, 0 for the rest."""
+
+
+def op_table(ops) -> OpTable:
+    """The table of a program's ops (see OpTable); the span fields as ``Span.of`` sets them."""
+    n = len(ops)
+    kinds = [op.kind for op in ops]
+    compute = np.fromiter((k in COMPUTE_KINDS for k in kinds), bool, n)
+    memory = np.fromiter((k in MEMORY_KINDS for k in kinds), bool, n)
+    pipe_phase = np.fromiter((op.phase in PIPELINE_PHASES for op in ops), bool, n)
+    names: dict[str, int] = {}
+    group = np.full(n, -1, dtype=np.int64)
+    pp = np.zeros(n, bool)
+    for i, op in enumerate(ops):
+        if compute[i] or memory[i]:
+            continue
+        g = (op.group_name if op.is_collective or op.is_p2p else "") or op.kind
+        group[i] = names.setdefault(g, len(names))
+        pp[i] = (op.group_name if op.is_collective or op.is_p2p else "") == "pp"
+    is_alloc = np.fromiter((k == "alloc" for k in kinds), bool, n)
+    nbytes = np.fromiter((op.bytes for op in ops), float, n)
+    mem_bytes = np.where(memory, np.where(is_alloc, nbytes, -nbytes), 0.0)
+    timed = ~memory
+    return OpTable(compute, timed, compute & pipe_phase, group, tuple(names),
+                   timed & ~compute & ~pp & pipe_phase, memory, is_alloc, mem_bytes)
+
+
+class Timeline(NamedTuple):
+    """One rank's step: which ops ran (``idx``, with repeats when fast-forwarded) and when."""
+
+    table: OpTable
+    idx: np.ndarray
+    start_s: np.ndarray
+    end_s: np.ndarray
+
+
+def union_length(a: np.ndarray, b: np.ndarray) -> float:
+    """Total length covered by the intervals [a_i, b_i] (twin.metrics.union_length)."""
+    if not len(a):
+        return 0.0
+    order = np.lexsort((b, a))
+    a, b = a[order], b[order]
+    before = np.empty_like(b)
+    before[0] = -np.inf
+    np.maximum.accumulate(b[:-1], out=before[1:])
+    return float(np.maximum(b - np.maximum(a, before), 0.0).sum())
+
+
+def peak_memory(t: np.ndarray, is_alloc: np.ndarray, nbytes: np.ndarray) -> float:
+    """Peak live bytes of one rank (frees before allocs at one instant; metrics.peak_memory)."""
+    if not len(t):
+        return 0.0
+    order = np.lexsort((np.abs(nbytes), is_alloc, t))
+    return max(0.0, float(np.cumsum(nbytes[order]).max()))
+
+
+def step_figures(lines: dict[int, Timeline], offset_s: float = 0.0) -> dict:
+    """``twin.metrics.step_stats`` of one step from its ranks' timelines (times in us from
+    the run's start: ``offset_s`` + the simulated time, as the trace's spans hold them)."""
+    us = {}
+    for r, ln in lines.items():
+        us[r] = ((offset_s + ln.start_s) * 1e6, (offset_s + ln.end_s) * 1e6)
+    lo, hi, w0, w1 = np.inf, -np.inf, np.inf, -np.inf
+    for r, ln in lines.items():
+        a, b = us[r]
+        tab = ln.table
+        timed = tab.timed[ln.idx]
+        if timed.any():
+            lo, hi = min(lo, float(a[timed].min())), max(hi, float(b[timed].max()))
+        pipe = tab.pipe[ln.idx]
+        if pipe.any():
+            w0, w1 = min(w0, float(a[pipe].min())), max(w1, float(b[pipe].max()))
+    if lo == np.inf:
+        raise ValueError("the step has no timed ops")
+    if w0 == np.inf:
+        w0, w1 = lo, hi
+    step_us = hi - lo
+    compute, idle, bubble, mem = {}, {}, {}, {}
+    exposed: dict[str, dict[int, float]] = {}
+    for r in sorted(lines):
+        ln = lines[r]
+        tab, idx = ln.table, ln.idx
+        a, b = us[r]
+        busy = tab.compute[idx]
+        ba, bb = a[busy], b[busy]
+        compute[r] = union_length(ba, bb)
+        idle[r] = step_us - compute[r]
+        group = tab.group[idx]
+        for g in np.unique(group[group >= 0]):
+            sel = group == g
+            both = union_length(np.concatenate([a[sel], ba]), np.concatenate([b[sel], bb]))
+            exposed.setdefault(tab.groups[g], {})[r] = max(0.0, both - compute[r])
+        inside = busy & (b > w0) & (a < w1)
+        coll = tab.bubble_comm[idx] & (b > w0) & (a < w1)
+        work = inside | coll
+        covered = union_length(np.clip(a[work], w0, w1), np.clip(b[work], w0, w1))
+        bubble[r] = max(0.0, (w1 - w0) - covered)
+        memory = tab.memory[idx]
+        mi = idx[memory]
+        mem[r] = peak_memory(a[memory], tab.is_alloc[mi], tab.mem_bytes[mi])
+    return {"step_us": step_us, "compute_us": compute, "idle_us": idle,
+            "exposed_us": dict(sorted(exposed.items())), "bubble_us": bubble,
+            "peak_memory_bytes": mem}
