@@ -23,7 +23,7 @@ from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.ir import Program
 from twin.schedule.p2p import apply_pp
 from twin.schedule.passes import EMBED, HEAD_UNIT, LAYER, Pass, Unit
-from twin.schedule.pipeline import stage_order
+from twin.schedule.pipeline import Action, stage_order
 from twin.schedule.recompute import apply_ac
 from twin.schedule.sharded import apply_fsdp
 from twin.schedule.stage import HEAD, ROOT, stage_layout
@@ -97,21 +97,55 @@ class StepBuilder:
             p.after(unit)
         return unit.out
 
-    def forward(self, mb: int, chunk: int) -> None:
-        ctx = Ctx("fwd", mb=mb, chunk=chunk)
-        x = self.pp.receive(ctx, chunk)
-        for unit in self.units(ctx, chunk):
-            unit.x = x
-            x = self.run(unit)
-        self.pp.send(ctx, chunk, x)
+    @staticmethod
+    def ctx_of(action: Action) -> Ctx:
+        return Ctx("fwd" if action.phase == "F" else "bwd", mb=action.mb, chunk=action.chunk)
 
-    def backward(self, mb: int, chunk: int) -> None:
-        ctx = Ctx("bwd", mb=mb, chunk=chunk)
-        g = self.pp.receive(ctx, chunk)
-        for unit in self.units(ctx, chunk):
-            unit.x = self.b.last_compute if unit.kind == HEAD_UNIT else g  # the head: the loss
-            g = self.run(unit)
-        self.pp.send(ctx, chunk, g)
+    def receive(self, action: Action) -> Idx:
+        """Post the recv of ``action``'s input (None where its chunk has none)."""
+        return self.pp.receive(self.ctx_of(action), action.chunk)
+
+    def compute(self, action: Action, x: Idx) -> Idx:
+        """``action``'s units on input ``x``; returns its output."""
+        ctx = self.ctx_of(action)
+        for unit in self.units(ctx, action.chunk):
+            # a backward's head unit starts from the loss, the op before it
+            unit.x = self.b.last_compute if action.phase == "B" and unit.kind == HEAD_UNIT else x
+            x = self.run(unit)
+        return x
+
+    def act(self, action: Action) -> None:
+        """Receive, compute, send: one action with its own p2p (GPipe, 1F1B: Megatron's
+        send_forward_recv_backward and send_backward_recv_forward fall together as one batch)."""
+        out = self.compute(action, self.receive(action))
+        self.pp.send(self.ctx_of(action), action.chunk, out)
+
+    def megatron_interleaved(self, actions: list[Action]) -> None:
+        """Megatron's interleaved exchange: its steps are the warm-up forwards, then (F, B)
+        pairs, then the cool-down backwards, and after each step one batch sends the step's
+        outputs and receives the next step's inputs (send_forward_recv_forward;
+        send_forward_backward_recv_forward_backward; send_backward_recv_backward). A batch
+        per action instead pairs sends and recvs that lie in different batches on the two
+        stages, which deadlocks a host that waits for each batch (p2p_host_sync)."""
+        par = self.job.parallel
+        warmup = min((par.pp - self.stage - 1) * 2 + (par.pp_virtual_stages - 1) * par.pp,
+                     len(actions) // 2)  # Megatron's num_warmup_microbatches
+        steps: list[list[Action]] = []
+        forwards = 0
+        for a in actions:  # a steady-state forward (past the warm-up) pairs with the backward
+            forwards += a.phase == "F"  # after it
+            if a.phase == "B" and forwards > warmup and len(steps[-1]) == 1 \
+                    and steps[-1][0].phase == "F":
+                steps[-1].append(a)
+            else:
+                steps.append([a])
+        inputs = {a: self.receive(a) for a in steps[0]}
+        for k, step in enumerate(steps):
+            outs = [(a, self.compute(a, inputs.pop(a))) for a in step]
+            for a, out in outs:
+                self.pp.send(self.ctx_of(a), a.chunk, out)
+            if k + 1 < len(steps):
+                inputs.update({a: self.receive(a) for a in steps[k + 1]})
 
     # -- step end ----------------------------------------------------------------------
     def step_end(self) -> None:
@@ -140,9 +174,13 @@ class StepBuilder:
     def build(self) -> Program:
         par = self.job.parallel
         self.setup()
-        for action in stage_order(par.pp_schedule, par.pp, par.num_microbatches, self.stage,
-                                  par.pp_virtual_stages):
-            (self.forward if action.phase == "F" else self.backward)(action.mb, action.chunk)
+        actions = stage_order(par.pp_schedule, par.pp, par.num_microbatches, self.stage,
+                              par.pp_virtual_stages)
+        if par.pp_schedule == "interleaved" and par.pp > 1:
+            self.megatron_interleaved(actions)
+        else:
+            for action in actions:
+                self.act(action)
         self.step_end()
         return self.b.program()
 
