@@ -19,6 +19,7 @@ VERBS: dict[str, str] = {
     "validate": "run a suite for real and hold the twin's predictions against it",
     "conformance": "the schedule's collectives vs PyTorch's DDP/FSDP2/TP/PP",
     "report": "one self-contained HTML report of run directories",
+    "search": "every legal plan pruned by memory, ranked by an estimate, the best simulated",
 }
 
 USAGE = """usage: paratwin VERB [key=value ...] [-m]

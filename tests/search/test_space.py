@@ -1,0 +1,105 @@
+"""The search space: only plans build_job accepts, each once, and none of a brute-force
+product missed."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import pytest
+
+from tests.conftest import cluster
+from twin.search.space import (
+    SearchSpace,
+    canonical,
+    canonical_order,
+    gpu_counts,
+    memory_plans,
+    orders_for,
+    plans,
+)
+from twin.spec import ConfigError, ModelSpec, ParallelPlan, RankGrid, build_job
+from twin.spec.parallel import PP_SCHEDULES, RECOMPUTE
+
+TINY = ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2,
+                 ffn_hidden_size=128, vocab_size=512, seq_len=64, activation="swiglu",
+                 dtype="bf16")
+CLUSTER = cluster(nodes=1, gpus=4)
+ORDERS = ["-".join(p) for p in itertools.permutations(("tp", "pp", "dp"))]
+
+
+def _accepted(plan: ParallelPlan) -> ParallelPlan | None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return build_job(TINY, CLUSTER, plan).parallel
+        except (ConfigError, ValueError):
+            return None
+
+
+def brute_force(gbs: int) -> set[ParallelPlan]:
+    """Every combination of the searched fields build_job accepts, canonicalized."""
+    out = set()
+    for tp, pp, mb, sched, v, sp, zero, reshard, rc, order in itertools.product(
+            range(1, 5), range(1, 5), range(1, gbs + 1), PP_SCHEDULES, (1, 2), (False, True),
+            range(4), (True, False), RECOMPUTE, ORDERS):
+        if 4 % (tp * pp):
+            continue  # build_job would refuse: tp * pp must divide the 4 GPUs
+        try:
+            plan = ParallelPlan(tp=tp, pp=pp, micro_batch_size=mb, global_batch_size=gbs,
+                                pp_schedule=sched, pp_virtual_stages=v, sp=sp, zero_stage=zero,
+                                fsdp_reshard_after_forward=reshard, recompute=rc,
+                                rank_order=order)
+        except (ConfigError, ValueError):
+            continue
+        resolved = _accepted(plan)
+        if resolved is not None:
+            out.add(canonical(resolved))
+    return out
+
+
+@pytest.mark.filterwarnings("ignore")  # legal plans that warn (1F1B fill/drain) count too
+@pytest.mark.parametrize("gbs", [4, 8])
+def test_enumeration_is_the_brute_force_space_each_plan_once(gbs):
+    space = SearchSpace(gpus=(4,), global_batch_size=gbs)
+    listed = list(plans(TINY, 4, space))
+    assert len(listed) == len(set(listed)), "a plan is listed twice"
+    assert set(listed) == brute_force(gbs)
+
+
+def test_every_enumerated_plan_is_accepted_and_canonical():
+    space = SearchSpace(gpus=(4,), global_batch_size=8)
+    for plan in plans(TINY, 4, space):
+        resolved = _accepted(plan)
+        assert resolved == plan, f"build_job refuses or changes {plan}"
+        assert canonical(plan) == plan
+
+
+def test_equivalent_rank_orders_build_the_same_grid():
+    """Two orders share a canonical spelling exactly when they place every rank alike."""
+    sizes = {"tp": 2, "pp": 1, "dp": 4}
+    grids = {}
+    for order in ("-".join(p) for p in itertools.permutations(("tp", "cp", "pp", "dp"))):
+        grid = RankGrid.build(dp=4, tp=2, pp=1, order=order.split("-"), gpus_per_node=4)
+        placed = tuple(tuple(sorted(grid.coords(r).items())) for r in range(8))
+        grids.setdefault(canonical_order(order, sizes), set()).add(placed)
+    assert all(len(p) == 1 for p in grids.values())
+    assert len({next(iter(p)) for p in grids.values()}) == len(grids) == 2
+    assert orders_for(sizes, None) == ["tp-cp-pp-dp", "dp-cp-pp-tp"]
+
+
+def test_a_narrowed_space_keeps_only_the_choices_given():
+    space = SearchSpace(gpus=(4,), global_batch_size=8, tp=(2,), zero_stage=(3,),
+                        recompute=("full",), pp_schedule=("1f1b",))
+    listed = list(plans(TINY, 4, space))
+    assert listed and all(p.tp == 2 and p.recompute == "full" for p in listed)
+    assert all(p.zero_stage == 3 or p.dp == 1 for p in listed)  # dp = 1: ZeRO is ZeRO-0
+    assert all(p.pp == 1 or p.pp_schedule == "1f1b" for p in listed)
+    assert len(list(memory_plans(TINY, 4, space))) <= len(listed)
+
+
+def test_gpu_counts_are_whole_nodes_or_part_of_one():
+    c = cluster(nodes=1, gpus=8)
+    assert gpu_counts(c, 1, 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert gpu_counts(c, 16, 48) == [16, 32, 48]
+    assert gpu_counts(c, 9, 15) == []

@@ -1,0 +1,266 @@
+"""The fast estimate of a plan's step time: closed forms over the units' times.
+
+Per pipeline stage s and micro-batch, the forward F_s and backward B_s are its units'
+times (``twin.search.units``: layers, the embedding on the first stage, the head and loss
+on the last; recomputation inside the backward). Under FSDP a layer runs beside the next
+layer's all-gather (and, in backward, its own reduce-scatter) on other streams: it takes
+the longer of the two and of each link class's summed load, its own TP collectives slowed
+by the share of their links the others hold (``_beside``); each chunk's first gather is
+exposed. A send/recv between stages costs c = latency + S / bw (``twin.search.comm``); a
+stage exchanges k_s = 2v times per micro-batch on the critical path of the steady state
+(once less at the ends without interleaving). With W_s = F_s + B_s + k_s c and v chunks
+per stage:
+
+    T_pipe = m * max_s W_s + (sum_s W_s - max_s W_s) / v   (1F1B, GPipe: v = 1;
+             Narayanan et al. 2021, §2.2: bubble (p - 1) / v of a micro-batch's time)
+
+Then the step's tail: the data-parallel gradient collectives left after the last backward
+(DDP/ZeRO buckets issued as gradients become ready overlap that backward, Li et al. 2020
+§3.2; ZeRO-2/3 reduce every micro-batch on the comm stream), the tied embedding's
+all-reduce, the gradient-norm all-reduce, the step end's compute (``step_end_ops``) and
+ZeRO-1/2's parameter all-gather (exposed). With the profile's ``p2p_host_sync`` (Megatron
+synchronizes the host after each exchange) the host issues every chunk afresh. A unit
+takes max(device, host) once the host runs ahead (``CostModel.host_time``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from twin.cost import CostModel
+from twin.schedule.emit import Ctx, ProgramBuilder
+from twin.schedule.ir import Op
+from twin.search.comm import CommModel, together_s
+from twin.search.units import Timing, unit_timings
+from twin.spec import Job
+from twin.workload.flops import model_flops_per_step
+from twin.workload.params import layer_params, stage_params, vocab_rows
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A plan's estimated step and where its time goes (per rank, one step)."""
+
+    step_time_s: float
+    pipeline_s: float
+    """First forward to last backward (the pipeline's part of the step)."""
+    bubble_s: float
+    """Pipeline fill and drain beyond m micro-batches of the slowest stage."""
+    exposed_comm_s: dict[str, float] = field(default_factory=dict)
+    """Per group: communication the estimate puts on the critical path."""
+    tokens_per_s: float = 0.0
+    mfu: float = 0.0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Per pipeline stage: its layers and its parameters (TP-sharded); one layer's bytes."""
+
+    layers: tuple[int, ...]
+    params: tuple[int, ...]
+    unit_bytes: float
+
+
+class Estimator:
+    """Estimates step times of jobs of one model on one cluster family under one profile,
+    caching what plans share (units' times, collective closed forms)."""
+
+    def __init__(self, cost: CostModel):
+        self.cost = cost
+        self.comm = CommModel(cost)
+        self._units: dict[tuple, dict[str, Timing]] = {}
+        self._shapes: dict[tuple, Shape] = {}
+
+    def shape(self, job: Job) -> Shape:
+        """Layers and parameters per stage (shared by every plan with this split)."""
+        p = job.parallel
+        key = (p.tp, p.pp, p.pp_virtual_stages, p.pp_stage_layers, job.model)
+        hit = self._shapes.get(key)
+        if hit is None:
+            e = job.model.dtype_bytes
+            hit = self._shapes[key] = Shape(
+                layers=tuple(len(job.layers_on_stage(s)) for s in range(p.pp)),
+                params=tuple(stage_params(job, s) for s in range(p.pp)),
+                unit_bytes=layer_params(job.model, p.tp).total * e)
+        return hit
+
+    def units(self, job: Job) -> dict[str, Timing]:
+        p = job.parallel
+        tp = tuple(self.comm.split(job, k, "tp") for k in ("all_reduce", "all_gather",
+                                                          "reduce_scatter")) if p.tp > 1 else ()
+        key = (job.model, p.tp, p.sp, p.micro_batch_size, p.recompute, p.flash_attention,
+               repr(job.cluster.gpu), tp)
+        hit = self._units.get(key)
+        if hit is None:
+            hit = self._units[key] = unit_timings(job, self.cost, self.comm)
+        return hit
+
+    def __call__(self, job: Job) -> Estimate:
+        return estimate(job, self)
+
+
+def _beside(unit: Timing, parts: list) -> float:
+    """A layer with collectives of other streams running beside it (FSDP's gathers and
+    reduce-scatters): the longer of the two, and the unit's own exposed collectives slowed
+    by the share of their links' time the others take (two flows share a link's bandwidth)."""
+    if not parts:
+        return unit.time_s
+    span = max(unit.time_s, together_s(*parts, tp=unit))
+    own = unit.intra_s + unit.inter_s
+    if own <= 0 or span <= 0:
+        return span
+    busy_intra = min(1.0, sum(s * bi for (_, bi, _), s in parts) / span)
+    busy_inter = min(1.0, sum(s * be for (_, _, be), s in parts) / span)
+    return span + unit.exposed_comm_s * (unit.intra_s * busy_intra
+                                         + unit.inter_s * busy_inter) / own
+
+
+def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
+        -> tuple[list, list, dict]:
+    """Per stage (F_s, B_s) of one micro-batch, and the exposed TP part."""
+    par, model, comm = job.parallel, job.model, est.comm
+    p, v, e = par.pp, par.pp_virtual_stages, model.dtype_bytes
+    sync = est.cost.p2p_host_sync and p > 1
+    fsdp = par.zero_stage == 3 and par.dp > 1
+    unit_bytes = shape.unit_bytes
+    ag = 0.0
+    lf, lb = u["layer_fwd"].time_s, u["layer_bwd"].time_s
+    if fsdp:  # the next layer's gather (and this one's reduce-scatter) beside the compute
+        ag_split = comm.split(job, "all_gather", "dp")
+        ag = comm.collective_s(job, "all_gather", "dp", unit_bytes)
+        lf = _beside(u["layer_fwd"], [(ag_split, unit_bytes)])
+        parts = [(ag_split, unit_bytes)] if par.fsdp_reshard_after_forward else []
+        if par.sync_every_microbatch:
+            parts.append((comm.split(job, "reduce_scatter", "dp"), unit_bytes))
+        lb = _beside(u["layer_bwd"], parts)
+    fs, bs = [], []
+    for s in range(p):
+        n = shape.layers[s]
+        f, b = n * lf, n * lb
+        if s == 0:
+            f += u["embed_fwd"].time_s
+            b += u["embed_bwd"].time_s
+        if s == p - 1:
+            f += u["head_fwd"].time_s
+            b += u["head_bwd"].time_s
+        if fsdp:  # each chunk's first gather is not hidden (again in backward when resharded);
+            # the root (embedding, head) once
+            root = shape.params[s] * e - n * unit_bytes
+            f += v * ag + (comm.collective_s(job, "all_gather", "dp", root) if root > 0 else 0.0)
+            b += v * ag if par.fsdp_reshard_after_forward else 0.0
+        if sync:  # the host issues each chunk after the exchange before it has finished
+            f += v * u["layer_fwd"].first_host_s
+            b += v * u["layer_bwd"].first_host_s
+        fs.append(f)
+        bs.append(b)
+    exposed = {"tp": shape.layers[0] * (u["layer_fwd"].exposed_comm_s
+                                        + u["layer_bwd"].exposed_comm_s)}
+    return fs, bs, exposed
+
+
+def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: float) -> float:
+    """Data-parallel gradient communication of a stage (``params`` its parameters, ``unit``
+    the bytes of one layer) left after its last backward."""
+    par, comm = job.parallel, est.comm
+    m = par.num_microbatches
+    if par.dp <= 1:
+        return 0.0
+    total = params * job.model.dtype_bytes
+    if par.zero_stage == 3:
+        rs_unit = comm.collective_s(job, "reduce_scatter", "dp", unit)
+        if par.sync_every_microbatch:
+            return rs_unit  # the last unit's reduce-scatter
+        rs_all = comm.collective_s(job, "reduce_scatter", "dp", total)
+        return max(rs_unit, rs_all - b)
+    kind = "all_reduce" if par.zero_stage == 0 else "reduce_scatter"
+    cap = par.ddp_bucket_MB * MIB
+    buckets = max(1, math.ceil(total / cap))
+    a, per_byte = comm.affine(job, kind, "dp")
+    whole = buckets * a + total * per_byte
+    last = a + min(cap, total) * per_byte
+    if par.sync_every_microbatch:
+        return max(last, m * whole - (m - 1) * (f + b) - b)
+    return max(last, whole - b)
+
+
+def _tail(job: Job, est: Estimator, fs: list, bs: list, c: float, shape: Shape) \
+        -> tuple[float, float]:
+    """(data-parallel tail, the rest of the step end) after the pipeline's last backward."""
+    par, model, comm = job.parallel, job.model, est.comm
+    p, v, e = par.pp, par.pp_virtual_stages, model.dtype_bytes
+    dp_tail, offset = 0.0, 0.0
+    tails: dict[tuple, float] = {}
+    for s in range(p):  # a later stage ends its backwards earlier (the drain runs to stage 0)
+        key = (fs[s], bs[s], shape.params[s])
+        if key not in tails:
+            tails[key] = _dp_tail(job, est, fs[s], bs[s], shape.params[s], shape.unit_bytes)
+        dp_tail = max(dp_tail, tails[key] - offset)
+        offset += bs[s] / v + c
+    rest = 0.0
+    if p > 1 and model.tie_embeddings:
+        grid = job.grid
+        pairs = [(r, r + grid.rank(pp=p - 1)) for r in range(min(grid.gpus_per_node,
+                                                                grid.world_size))
+                 if grid.coord(r, "pp") == 0]
+        nbytes = vocab_rows(model, par.tp) * model.hidden_size * e / \
+            (par.dp if par.zero_stage >= 2 else 1)
+        a, b = comm.pair_affine(job, "all_reduce", pairs, "embd")
+        rest += a + b * nbytes
+    dims = "tp-pp" + ("-dp" if par.zero_stage >= 1 else "")
+    rest += comm.collective_s(job, "all_reduce", dims, 4, role=dims)
+    params = max(shape.params)
+    local = -(-params // par.dp) if par.zero_stage >= 1 else params
+    rest += sum(est.cost.compute_time(op, job.cluster.gpu) for op in step_end_ops(job, local))
+    if par.zero_stage in (1, 2) and par.dp > 1:
+        cap = par.ddp_bucket_MB * MIB
+        total = params * e
+        a, b = comm.affine(job, "all_gather", "dp")
+        rest += max(1, math.ceil(total / cap)) * a + total * b
+    return dp_tail, rest
+
+
+def step_end_ops(job: Job, local: int) -> list[Op]:
+    """The step end's compute on ``local`` parameters, as ``StepBuilder.step_end`` emits it:
+    the squared gradients summed for the norm, the clip, the optimizer step."""
+    b, ctx = ProgramBuilder(job, 0), Ctx("opt")
+    squares = b.elementwise(ctx, "grad_norm", local, [], tensors=1, flops_per_element=2)
+    clip = b.elementwise(ctx, "clip", local, [squares], tensors=2)
+    b.optimizer(ctx, "adam", local, [clip], fused=job.parallel.optimizer_kernels == "fused")
+    return b.ops
+
+
+def estimate(job: Job, est: Estimator) -> Estimate:
+    """The estimated step of ``job`` (see the module docstring)."""
+    par, model = job.parallel, job.model
+    p, v, m = par.pp, par.pp_virtual_stages, par.num_microbatches
+    u = est.units(job)
+    shape = est.shape(job)
+    fs, bs, exposed = _stage_times(job, est, u, shape)
+    c = 0.0
+    if p > 1:
+        nbytes = model.dtype_bytes * par.micro_batch_size * model.seq_len * model.hidden_size \
+            / (par.tp if par.sp else 1)
+        links = est.comm.p2p(job)
+        c = max(a + b * nbytes for a, b in (links if v > 1 else links[:-1]))
+    # a stage exchanges twice per micro-batch and chunk (its input's recv beside the last
+    # output's send, both ways); without interleaving the end stages once (they have no
+    # input to receive, or no output to send, in one direction)
+    hops = [2 * v - (1 if v == 1 and s in (0, p - 1) else 0) for s in range(p)]
+    w = [f + b + k * c for f, b, k in zip(fs, bs, hops)] if p > 1 else [fs[0] + bs[0]]
+    worst = max(w)
+    pipe = m * worst + (sum(w) - worst) / v
+    dp_tail, rest = _tail(job, est, fs, bs, c, shape)
+    step = pipe + dp_tail + rest
+    world = job.grid.world_size
+    flops = model_flops_per_step(model, par.global_batch_size)
+    peak = job.cluster.gpu.peak_flops(model.dtype)
+    comm = {"tp": m * exposed["tp"], "dp": dp_tail}
+    if p > 1:
+        comm["pp"] = max(hops) * c * m
+    return Estimate(step_time_s=step, pipeline_s=pipe, bubble_s=pipe - m * worst,
+                    exposed_comm_s={k: x for k, x in comm.items() if x > 0},
+                    tokens_per_s=par.global_batch_size * model.seq_len / step,
+                    mfu=flops / (step * world * peak))

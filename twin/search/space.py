@@ -1,0 +1,238 @@
+"""The search space: every legal parallel plan of a model on a cluster, each exactly once.
+
+A plan is legal when ``twin.spec.build_job`` accepts it; it is listed once in its canonical
+form, because several spellings build the same job (``canonical``): the pipeline schedule
+and virtual stages mean nothing without pipelining, ZeRO shards nothing over dp = 1, FSDP's
+reshard flag only exists under ZeRO-3, and the rank order only matters between the axes of
+size > 1 (``tp-cp-pp-dp`` and ``pp-cp-tp-dp`` are one grid when pp = 1). The legality rules
+are build_job's (tp divides the heads and the MLP width and is compatible with the KV heads;
+tp * pp divides the GPUs; pp * v divides the layers; mb * dp divides the global batch; the
+interleaved schedule needs m >= pp micro-batches, a multiple of pp); tests/search holds the
+enumeration against a brute-force product filtered by build_job itself. Not searched:
+uneven pipeline splits (``pp_stage_layers``), nn.DataParallel (``legacy_dp``) and the plan's
+other knobs (flash attention, bucket size, grad sync), which come from the base plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from twin.spec import ClusterSpec, ConfigError, ConfigWarning, ModelSpec, ParallelPlan
+from twin.spec.parallel import PP_SCHEDULES, RECOMPUTE, ZERO_STAGES
+
+AXES = ("tp", "cp", "pp", "dp")
+"""The rank grid's axes in the default order (innermost first)."""
+SEARCHED = ("tp", "pp", "micro_batch_size", "sp", "zero_stage", "fsdp_reshard_after_forward",
+            "pp_schedule", "pp_virtual_stages", "recompute", "rank_order")
+"""The plan fields a search varies (dp follows from the GPUs: dp = GPUs / (tp * pp))."""
+MAX_MICRO_BATCH = 16
+"""Largest micro-batch the default space tries (larger ones rarely fit or pay)."""
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What to search: GPU counts, the global batch, and per searched field its choices
+    (None: every legal value)."""
+
+    gpus: tuple[int, ...]
+    """GPU counts to plan for (each a cluster of whole nodes, or part of one node)."""
+    global_batch_size: int
+    """Sequences per optimizer step, the same for every plan (so their times compare)."""
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    micro_batch_size: tuple[int, ...] | None = None
+    """None: every divisor of the batch per DP rank up to ``max_micro_batch_size``."""
+    max_micro_batch_size: int = MAX_MICRO_BATCH
+    sp: tuple[bool, ...] | None = None
+    zero_stage: tuple[int, ...] | None = None
+    fsdp_reshard_after_forward: tuple[bool, ...] | None = None
+    pp_schedule: tuple[str, ...] | None = None
+    pp_virtual_stages: tuple[int, ...] | None = None
+    """None: every v >= 2 with pp * v dividing the layers (interleaved only)."""
+    recompute: tuple[str, ...] | None = None
+    rank_order: tuple[str, ...] | None = None
+    """Orders of the grid's axes, innermost first ('tp-cp-pp-dp'); None: every distinct one."""
+    base: ParallelPlan = ParallelPlan()
+    """Where the fields the search does not vary come from (flash_attention, grad_sync, ...)."""
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def cluster_for(cluster: ClusterSpec, gpus: int) -> ClusterSpec:
+    """The cluster with ``gpus`` GPUs: whole nodes, or one node holding ``gpus`` devices."""
+    if gpus >= cluster.gpus_per_node:
+        return dataclasses.replace(cluster, num_nodes=gpus // cluster.gpus_per_node)
+    return dataclasses.replace(cluster, num_nodes=1, gpus_per_node=gpus)
+
+
+def gpu_counts(cluster: ClusterSpec, lo: int, hi: int) -> list[int]:
+    """GPU counts in [lo, hi]: powers of two below one node (dividing it), and whole nodes in
+    powers of two (1, 2, 4, ... nodes), plus the range's ends when they are whole nodes."""
+    gpn = cluster.gpus_per_node
+    out = {c for c in (2 ** k for k in range(gpn.bit_length())) if c < gpn and gpn % c == 0}
+    out |= {gpn * 2 ** k for k in range(max(hi // gpn, 1).bit_length())}
+    out |= {c for c in (lo, hi) if c % gpn == 0}
+    return sorted(c for c in out if lo <= c <= hi)
+
+
+def legal_tp(model: ModelSpec, gpus: int) -> list[int]:
+    """tp degrees build_job accepts: divide the heads, the MLP width and the GPUs, and divide
+    or are divided by the KV heads."""
+    kv = model.num_kv_heads
+    return [t for t in divisors(model.num_heads) if model.ffn_hidden_size % t == 0
+            and (kv % t == 0 or t % kv == 0) and gpus % t == 0]
+
+
+def canonical_order(order: str, sizes: dict[str, int]) -> str:
+    """The spelling of ``order`` every equivalent order shares: the axes of size > 1 keep
+    their relative order in the slots such axes take in the default order; the others stay
+    where the default order has them ('pp-cp-tp-dp' with pp = 1 is 'tp-cp-pp-dp')."""
+    dims = [d.strip() for d in str(order).split("-")]
+    if "cp" not in dims:
+        dims = ["cp", *dims]
+    live = [d for d in dims if sizes.get(d, 1) > 1]
+    it = iter(live)
+    return "-".join(next(it) if sizes.get(d, 1) > 1 else d for d in AXES)
+
+
+def orders_for(sizes: dict[str, int], wanted: tuple[str, ...] | None) -> list[str]:
+    """The distinct rank orders of a grid: every permutation of its axes of size > 1 (or the
+    canonical forms of ``wanted``), default order first."""
+    if wanted is not None:
+        out = [canonical_order(o, sizes) for o in wanted]
+    else:
+        live = [d for d in AXES if sizes.get(d, 1) > 1]
+        out = [canonical_order("-".join(p), sizes) for p in itertools.permutations(live)]
+    return list(dict.fromkeys(out))
+
+
+def canonical(plan: ParallelPlan) -> ParallelPlan:
+    """One spelling per job (see the module docstring); ``plan.dp`` must be resolved."""
+    sizes = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp}
+    kw: dict = {"rank_order": canonical_order(plan.rank_order, sizes)}
+    if plan.pp == 1:
+        kw.update(pp_schedule="1f1b", pp_virtual_stages=1)
+    if plan.dp == 1:
+        kw["zero_stage"] = 0
+    if kw.get("zero_stage", plan.zero_stage) != 3:
+        kw["fsdp_reshard_after_forward"] = True
+    return _replace(plan, **kw) if any(getattr(plan, k) != v for k, v in kw.items()) else plan
+
+
+def _replace(plan: ParallelPlan, **kw) -> ParallelPlan:
+    """dataclasses.replace without the warnings of legal plans (a 1F1B fill/drain is searched
+    like any other plan; the table shows its bubble)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)
+        return dataclasses.replace(plan, **kw)
+
+
+def _choices(space: SearchSpace, field: str, default) -> list:
+    wanted = getattr(space, field)
+    return list(default) if wanted is None else [c for c in default if c in wanted]
+
+
+def _schedules(space: SearchSpace, model: ModelSpec, pp: int, m: int) -> list[tuple[str, int]]:
+    """(schedule, v) pairs legal at pp stages and m micro-batches."""
+    if pp == 1:
+        plain = space.pp_schedule is None or set(space.pp_schedule) - {"interleaved"}
+        return [("1f1b", 1)] if plain else []
+    out = []
+    for sched in _choices(space, "pp_schedule", PP_SCHEDULES):
+        if sched != "interleaved":
+            out.append((sched, 1))
+            continue
+        if m < pp or m % pp:
+            continue
+        vs = [v for v in range(2, model.num_layers // pp + 1) if model.num_layers % (pp * v) == 0]
+        out += [("interleaved", v) for v in vs
+                if space.pp_virtual_stages is None or v in space.pp_virtual_stages]
+    return out
+
+
+def memory_plans(model: ModelSpec, gpus: int, space: SearchSpace) -> Iterator[ParallelPlan]:
+    """Every legal canonical plan on ``gpus`` GPUs in the default rank order (the memory
+    model does not depend on the order): the outer loop of ``plans``."""
+    gbs = space.global_batch_size
+    base = space.base
+    for tp in legal_tp(model, gpus):
+        if space.tp is not None and tp not in space.tp:
+            continue
+        for pp in divisors(model.num_layers):
+            if gpus % (tp * pp) or (space.pp is not None and pp not in space.pp):
+                continue
+            dp = gpus // (tp * pp)
+            if gbs % dp:
+                continue
+            per_dp = gbs // dp
+            mbs = [b for b in divisors(per_dp) if b <= space.max_micro_batch_size] \
+                if space.micro_batch_size is None else \
+                [b for b in space.micro_batch_size if per_dp % b == 0]
+            sps = _choices(space, "sp", (False, True)) if tp > 1 else \
+                [False] if space.sp is None or False in space.sp else []
+            zeros = _choices(space, "zero_stage", ZERO_STAGES) if dp > 1 else [0]
+            for mb in mbs:
+                for sched, v in _schedules(space, model, pp, per_dp // mb):
+                    for sp, zero, rec in itertools.product(
+                            sps, zeros, _choices(space, "recompute", RECOMPUTE)):
+                        reshards = _choices(space, "fsdp_reshard_after_forward", (True, False)) \
+                            if zero == 3 else [True]
+                        for reshard in reshards:
+                            yield _replace(
+                                base, dp=dp, tp=tp, pp=pp, cp=1, sp=sp, zero_stage=zero,
+                                fsdp_reshard_after_forward=reshard, micro_batch_size=mb,
+                                global_batch_size=gbs, pp_schedule=sched, pp_virtual_stages=v,
+                                recompute=rec, pp_stage_layers=None, legacy_dp=False,
+                                rank_order="tp-cp-pp-dp")
+
+
+def plans(model: ModelSpec, gpus: int, space: SearchSpace) -> Iterator[ParallelPlan]:
+    """Every legal canonical plan on ``gpus`` GPUs, each rank order of each memory plan."""
+    for plan in memory_plans(model, gpus, space):
+        sizes = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp}
+        for order in orders_for(sizes, space.rank_order):
+            yield plan if order == plan.rank_order else _replace(plan, rank_order=order)
+
+
+def check_space(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> None:
+    """ConfigError (one line) when the space cannot hold a plan: no GPU count, a global
+    batch no data-parallel degree divides, a dtype the GPU has no peak for."""
+    if not space.gpus:
+        raise ConfigError("no GPU count to plan for: gpus gives none in its range; set gpus=N "
+                          "or gpus=[LO,HI] with whole nodes of "
+                          f"cluster.gpus_per_node={cluster.gpus_per_node}, or cluster.num_nodes")
+    gbs = space.global_batch_size
+    if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1:
+        raise ConfigError(f"global_batch_size={gbs!r} must be a positive whole number of "
+                          "sequences per step (e.g. global_batch_size=1024)")
+    if model.dtype not in cluster.gpu.peak_tflops:
+        raise ConfigError(f"model.dtype={model.dtype} has no entry in cluster.gpu.peak_tflops "
+                          f"({', '.join(cluster.gpu.peak_tflops)}); add one or change the dtype")
+    dps = sorted({g // (t * p) for g in space.gpus for t in legal_tp(model, g)
+                  for p in divisors(model.num_layers) if g % (t * p) == 0})
+    if not dps:
+        raise ConfigError(f"no tp * pp of model {model.name} divides "
+                          f"{'/'.join(map(str, space.gpus))} GPUs (tp must divide "
+                          f"model.num_heads={model.num_heads}, pp model.num_layers="
+                          f"{model.num_layers}); choose another GPU count (gpus=N)")
+    if not any(gbs % dp == 0 for dp in dps):
+        small = dps[0]
+        lo = max(small, gbs // small * small)
+        raise ConfigError(f"global_batch_size={gbs} cannot be split over any data-parallel "
+                          f"degree these GPUs allow (dp in {', '.join(map(str, dps[:8]))}"
+                          f"{', ...' if len(dps) > 8 else ''}): it must be a multiple of dp; use "
+                          f"a multiple of {small} such as {lo} or {lo + small}")
+    for field, legal in (("tp", sorted({t for g in space.gpus for t in legal_tp(model, g)})),
+                         ("pp", [p for p in divisors(model.num_layers)
+                                 if any(g % p == 0 for g in space.gpus)])):
+        wanted = getattr(space, field)
+        if wanted is not None and not set(wanted) & set(legal):
+            raise ConfigError(f"space.{field}={list(wanted)} holds no legal {field} for model "
+                              f"{model.name} on {'/'.join(map(str, space.gpus))} GPUs; use "
+                              f"some of {', '.join(map(str, legal))}")
