@@ -14,9 +14,9 @@ Run: python benchmarks/bench_twin.py [a|b|c|d|e|f ...]   (default: all)
  (f) Llama-3 405B as (c) with 128 micro-batches per pipeline (global batch 16,384)
 (c)-(f) run as `paratwin simulate` does by default: fold=auto (every exact copy simulated
 once), fast_forward=true, trace=auto (what the report draws); "write s" is writing that
-trace (spans.json). (d) and (e) use the published defaults (calibration=null): with the
-dgx_a100 profile's host sync after send/recv (p2p_host_sync) the interleaved schedule's
-send/recv batches deadlock in the twin. Target: each step under 10 s on 2 cores. Prints
+trace (spans.json). (d) and (e) use the cluster's profile (calibration=auto: dgx_a100, fitted
+on measured A100 steps, whose host waits after each send/recv batch as Megatron's does).
+Target: each step under 10 s on 2 cores. Prints
 figures, asserts nothing.
 """
 
@@ -47,7 +47,7 @@ JOBS = {  # Llama 3 on DGX H100s (benchmarks/presets.py): model, nodes, plan, fo
                                             pp_stage_layers=SPLIT_405B), "auto"),
 }
 MEGATRON = ("cluster=dgx_a100", "parallel=pp_interleaved", "parallel.tp=8",
-            "parallel.micro_batch_size=1", "parallel.recompute=full", "calibration=null")
+            "parallel.micro_batch_size=1", "parallel.recompute=full")
 PUBLISHED = {  # Narayanan et al. 2021 Table 1 rows, as `paratwin simulate OVERRIDES`
     "d": ("model=megatron_39b", "cluster.num_nodes=64", "parallel.pp=2",
           "parallel.global_batch_size=1536", *MEGATRON),
