@@ -100,12 +100,14 @@ def fit_pytorch(out: Path, start: Path) -> Path:
     keys = ["name", "parallel", *sorted({k for r in rows for k in r} - {"name", "parallel",
                                                                           "step_time_s"})]
     with runs.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, [*keys, "model", "cluster.gpus_per_node",
-                                "parallel.sp_norm_grad_sync", "step_time_s"])
+        w = csv.DictWriter(fh, [*keys, "model", "cluster", "cluster.gpus_per_node",
+                                "parallel.sp_norm_grad_sync", "parallel.optimizer_kernels",
+                                "step_time_s"])
         w.writeheader()
         for r in rows:  # the job conformance trains (validate's pytorch_twin)
-            w.writerow({**r, "model": "val_small", "cluster.gpus_per_node": 2,
-                        "parallel.sp_norm_grad_sync": "per_tensor"})
+            w.writerow({**r, "model": "val_small", "cluster": "cpu_local",
+                        "cluster.gpus_per_node": 2, "parallel.sp_norm_grad_sync": "per_tensor",
+                        "parallel.optimizer_kernels": "foreach"})
     profile = out / "profile_pytorch.yaml"
     rc = paratwin("calibrate", f"runs={runs}", f"start={start}", "folds=0", f"out={profile}",
                   f"out_dir={out / 'calibrate_pytorch'}", "force=true")
