@@ -144,8 +144,10 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
                       for i, (t, _) in sorted(preds.items())])
     say(f"fitting on all {len(rows)} rows ...")
     final = fit(rows)
+    cpu = cluster.intra.kind == "shared_cpu"  # gloo ranks on CPU cores: no GPUs
     prov = {"source": f"measured runs {cfg.runs}", "cluster": cluster.name,
-            "gpus": [cluster.gpu.name], "rows": len(rows), "fit_seconds": round(final.seconds, 1),
+            "gpus": [] if cpu else [cluster.gpu.name], "backend": "gloo" if cpu else "nccl",
+            "start": base.name, "rows": len(rows), "fit_seconds": round(final.seconds, 1),
             "nccl_tests": [str(f) for f in files]}
     if held:
         prov["held_out"] = {k: held[k] for k in ("rows", "mean_abs_error", "median_abs_error",

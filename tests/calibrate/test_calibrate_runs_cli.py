@@ -46,6 +46,15 @@ def test_a_profile_from_measured_runs_cross_validated(tmp_path):
                    f"calibration={tmp_path / 'p.yaml'}", "report=false", "format=json",
                    f"out_dir={tmp_path / 's'}", cwd=tmp_path)
     assert sim.returncode == 0, sim.stderr
+    assert "was fitted on" not in sim.stderr  # a CPU profile of this very cluster: no warning
+    # a second fit can start from the first (start=): what a traces fit measured stays put
+    again = paratwin("calibrate", f"runs={_runs(tmp_path)}", "folds=0", "workers=1",
+                     f"start={tmp_path / 'p.yaml'}", f"out={tmp_path / 'q.yaml'}",
+                     f"out_dir={tmp_path / 'c2'}", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    from twin.cost import CostModel
+    prov = CostModel.load(tmp_path / "q.yaml").provenance
+    assert prov["start"] == CostModel.load(tmp_path / "p.yaml").name and prov["backend"] == "gloo"
 
 
 def test_a_bad_row_is_named_and_nothing_is_written(tmp_path):
