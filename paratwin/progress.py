@@ -9,12 +9,17 @@ import time
 class Progress:
     """``update(done, total, what)`` redraws at most 5 times a second after the first second."""
 
-    def __init__(self, label: str, stream=sys.stderr, delay_s: float = 1.0):
+    def __init__(self, label: str, stream=None, delay_s: float = 1.0):
+        # stderr as it is now, not as it was at import (a test's capture may have replaced it)
+        stream = sys.stderr if stream is None else stream
         self.label, self.stream, self.delay = label, stream, delay_s
         self.t0 = time.perf_counter()
         self.last = 0.0
         self.shown = False
-        self.enabled = hasattr(stream, "isatty") and stream.isatty()
+        try:
+            self.enabled = hasattr(stream, "isatty") and stream.isatty()
+        except ValueError:  # a closed stream: nothing to draw on
+            self.enabled = False
 
     def update(self, done: float, total: float, what: str = "") -> None:
         if not self.enabled:
