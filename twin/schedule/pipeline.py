@@ -51,6 +51,12 @@ def _virtual(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:
     return mb, chunk if forward else v - 1 - chunk
 
 
+def interleaved_warmup(p: int, m: int, stage: int, v: int) -> int:
+    """Virtual forwards stage ``stage`` runs before its first backward, less the steady
+    state's first: min(2(p - i - 1) + (v - 1)p, m v) (Megatron's num_warmup_microbatches)."""
+    return min(2 * (p - stage - 1) + (v - 1) * p, m * v)
+
+
 def interleaved(p: int, m: int, stage: int, v: int) -> list[Action]:
     """Interleaved 1F1B with v chunks per stage (Narayanan et al. 2021, §2.2.2).
 
@@ -61,7 +67,7 @@ def interleaved(p: int, m: int, stage: int, v: int) -> list[Action]:
     model chunk stage + c * p.
     """
     total = m * v
-    warm = min(2 * (p - stage - 1) + (v - 1) * p, total)
+    warm = interleaved_warmup(p, m, stage, v)
     out: list[Action] = []
     for k in range(warm):
         mb, c = _virtual(k, p, v, True)

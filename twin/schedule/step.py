@@ -23,7 +23,7 @@ from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.ir import Program
 from twin.schedule.p2p import apply_pp
 from twin.schedule.passes import EMBED, HEAD_UNIT, LAYER, Pass, Unit
-from twin.schedule.pipeline import Action, stage_order
+from twin.schedule.pipeline import Action, interleaved_warmup, stage_order
 from twin.schedule.recompute import apply_ac
 from twin.schedule.sharded import apply_fsdp
 from twin.schedule.stage import HEAD, ROOT, stage_layout
@@ -128,8 +128,8 @@ class StepBuilder:
         per action instead pairs sends and recvs that lie in different batches on the two
         stages, which deadlocks a host that waits for each batch (p2p_host_sync)."""
         par = self.job.parallel
-        warmup = min((par.pp - self.stage - 1) * 2 + (par.pp_virtual_stages - 1) * par.pp,
-                     len(actions) // 2)  # Megatron's num_warmup_microbatches
+        warmup = interleaved_warmup(par.pp, par.num_microbatches, self.stage,
+                                    par.pp_virtual_stages)
         steps: list[list[Action]] = []
         forwards = 0
         for a in actions:  # a steady-state forward (past the warm-up) pairs with the backward
