@@ -157,6 +157,15 @@ def summarize(trace: Trace, job: Job, step_times_s: list[float] | None = None) -
                       step_times_s)
 
 
+def throughput(job: Job, step_s: float) -> tuple[float, float, float]:
+    """(tokens/s, model TFLOP/s per GPU, MFU) of ``job`` at ``step_s`` seconds a step."""
+    par, model = job.parallel, job.model
+    flops = model_flops_per_step(model, par.global_batch_size)
+    world = job.grid.world_size
+    return (par.global_batch_size * model.seq_len / step_s, flops / step_s / world / 1e12,
+            flops / (step_s * world * job.cluster.gpu.peak_flops(model.dtype)))
+
+
 def summary_of(stats: dict[int, dict], job: Job,
                step_times_s: list[float] | None = None) -> Summary:
     """The Summary of per-step figures (``step_stats``' dicts by step), as ``summarize``."""
@@ -168,8 +177,7 @@ def summary_of(stats: dict[int, dict], job: Job,
     world = job.grid.world_size
     par, model = job.parallel, job.model
     flops = model_flops_per_step(model, par.global_batch_size)
-    peak = job.cluster.gpu.peak_flops(model.dtype)
-    tokens = par.global_batch_size * model.seq_len
+    tokens_per_s, tflops_per_gpu, mfu = throughput(job, step_s)
     tensors = {r: max(s["peak_memory_bytes"].get(r, 0.0) for s in stats.values())
                for r in st["peak_memory_bytes"]}
     extra = overheads(job, tensors)
@@ -185,9 +193,9 @@ def summary_of(stats: dict[int, dict], job: Job,
         step_time_p50_s=step_s,
         step_time_p90_s=q(0.9),
         steps=len(times),
-        tokens_per_s=tokens / step_s,
-        tflops_per_gpu=flops / step_s / world / 1e12,
-        mfu=flops / (step_s * world * peak),
+        tokens_per_s=tokens_per_s,
+        tflops_per_gpu=tflops_per_gpu,
+        mfu=mfu,
         bubble_fraction=(float(statistics.mean(st["bubble_us"].values())) / st["step_us"]
                             if par.pp > 1 else 0.0),
         exposed_comm_s={g: float(statistics.mean(v.values())) / 1e6
@@ -199,7 +207,7 @@ def summary_of(stats: dict[int, dict], job: Job,
         fits_memory=bool((max(mem.values()) if mem else 0.0) <= job.cluster.hbm_bytes),
         world_size=world,
         model_flops_per_step=flops,
-        tokens_per_step=tokens,
+        tokens_per_step=par.global_batch_size * model.seq_len,
         extra={"peak_memory_overheads_bytes": extra[max(mem, key=mem.get)] if mem else {}},
     )
 

@@ -29,12 +29,12 @@ import math
 from dataclasses import dataclass, field
 
 from twin.cost import CostModel
+from twin.metrics import throughput
 from twin.schedule.emit import Ctx, ProgramBuilder
 from twin.schedule.ir import Op
 from twin.search.comm import CommModel, together_s
 from twin.search.units import Timing, unit_timings
 from twin.spec import Job
-from twin.workload.flops import model_flops_per_step
 from twin.workload.params import layer_params, stage_params, vocab_rows
 
 MIB = 1024 * 1024
@@ -254,13 +254,10 @@ def estimate(job: Job, est: Estimator) -> Estimate:
     pipe = m * worst + (sum(w) - worst) / v
     dp_tail, rest = _tail(job, est, fs, bs, c, shape)
     step = pipe + dp_tail + rest
-    world = job.grid.world_size
-    flops = model_flops_per_step(model, par.global_batch_size)
-    peak = job.cluster.gpu.peak_flops(model.dtype)
+    tokens_per_s, _, mfu = throughput(job, step)
     comm = {"tp": m * exposed["tp"], "dp": dp_tail}
     if p > 1:
         comm["pp"] = max(hops) * c * m
     return Estimate(step_time_s=step, pipeline_s=pipe, bubble_s=pipe - m * worst,
                     exposed_comm_s={k: x for k, x in comm.items() if x > 0},
-                    tokens_per_s=par.global_batch_size * model.seq_len / step,
-                    mfu=flops / (step * world * peak))
+                    tokens_per_s=tokens_per_s, mfu=mfu)
