@@ -115,6 +115,9 @@ def expected(op: Op, rank: int, per: int) -> torch.Tensor | None:
         return _chunks([sent_value(op, m) for m in group], per)
     if op.kind == "reduce_scatter":
         return _full(per, sum(sent_value(op, m, g) for m in group))
+    if op.kind == "all_to_all" and op.recv_splits:  # uneven: chunk j is member j's to us
+        sizes = split_numels(op.recv_splits, torch.float64.itemsize)
+        return torch.cat([_full(c, sent_value(op, m, g)) for m, c in zip(group, sizes)])
     if op.kind == "all_to_all":
         return _chunks([sent_value(op, m, g) for m in group], per)
     if op.kind == "scatter":
@@ -138,6 +141,25 @@ def check(op: Op, rank: int, issued: Issued) -> None:
             f"rank {rank}: {op.kind} {op.name!r} on group {op.group or (rank, op.peer)} gave "
             f"element {bad} = {got[bad].item():g}, expected {want[bad].item():g} "
             "(the op ran on the wrong group, root, peer or buffer)")
+
+
+def split_numels(splits: tuple[float, ...], itemsize: int) -> list[int]:
+    """Elements per peer of an uneven all-to-all's byte splits (rounded up; 0 stays 0)."""
+    return [-(-int(round(b)) // itemsize) for b in splits]
+
+
+def _uneven_all_to_all(pg: Backend, op: Op, rank: int, pool: BufferPool, dtype: torch.dtype,
+                       verify: bool) -> Issued:
+    """``all_to_all_single`` with input and output split sizes (MoE token dispatch): chunk
+    j of the input goes to member j, chunk j of the output comes from member j."""
+    send = split_numels(op.send_splits, dtype.itemsize)
+    recv = split_numels(op.recv_splits, dtype.itemsize)
+    inp, out = pool.take(sum(send), dtype), pool.take(sum(recv), dtype)
+    if verify:
+        for j, part in enumerate(torch.split(inp, send)):
+            part.fill_(sent_value(op, rank, j))
+        out.fill_(-1.0)
+    return Issued(pg.alltoall_base(out, inp, recv, send), (inp, out), out)
 
 
 def _fill(buf: torch.Tensor, op: Op, rank: int, chunks: int = 1) -> None:
@@ -177,6 +199,8 @@ def issue(pg: Backend, op: Op, rank: int, pool: BufferPool, verify: bool = False
         opts.rootRank = root
         work = pg.broadcast([buf], opts) if kind == "broadcast" else pg.reduce([buf], opts)
         return Issued(work, (buf,), buf if kind == "broadcast" or g == root else None)
+    if kind == "all_to_all" and op.send_splits:
+        return _uneven_all_to_all(pg, op, rank, pool, dtype, verify)
     per = _numel(op.bytes, e, n)
     if kind == "all_gather":
         inp, out = pool.take(per, dtype), pool.take(per * n, dtype)

@@ -21,7 +21,12 @@ import torch.nn.functional as F
 
 from twin.schedule.ir import Op
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "fp8": torch.float8_e4m3fn, "mxfp8": torch.float8_e4m3fn}
+
+
+FP8_GEMMS = ("fp8", "mxfp8")
+"""GEMM dtypes of FP8 training (parallel.float8): replayed with torch._scaled_mm."""
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -80,6 +85,15 @@ class Kernels:
     def gemm(self, shape, dtype: str) -> None:
         m, n, k = (int(x) for x in shape)
         key = ("gemm", m, n, k, dtype)
+        if dtype in FP8_GEMMS:  # torch._scaled_mm: e4m3 operands (b column-major), bf16 out
+            if key not in self._cache:  # (mxfp8's block scales: per-tensor scales here)
+                a = _rand((m, k), torch.float32, self.device).to(torch.float8_e4m3fn)
+                b = _rand((n, k), torch.float32, self.device).to(torch.float8_e4m3fn).t()
+                one = torch.ones((), device=self.device)
+                self._cache[key] = (a, b, one)
+            a, b, one = self._cache[key]
+            torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+            return
         if key not in self._cache:
             dt = torch_dtype(dtype)
             self._cache[key] = (_rand((m, k), dt, self.device), _rand((k, n), dt, self.device),
@@ -160,7 +174,7 @@ def workspace_estimate(ops) -> int:
         e = torch_dtype(op.dtype).itemsize
         if op.kind == "gemm":
             m, n, k = op.shape
-            total += e * (m * k + k * n + m * n)
+            total += e * (m * k + k * n) + max(e, 2) * m * n  # FP8: a bf16 output
         elif op.kind == "attention":
             b, h, kv, s, d = op.shape[:5]
             total += 4 * e * (2 * b * h * s * d + 2 * b * kv * s * d)  # q k v out (+ grads)

@@ -163,7 +163,7 @@ def throughput(job: Job, step_s: float) -> tuple[float, float, float]:
     flops = model_flops_per_step(model, par.global_batch_size)
     world = job.grid.world_size
     return (par.global_batch_size * model.seq_len / step_s, flops / step_s / world / 1e12,
-            flops / (step_s * world * job.cluster.gpu.peak_flops(model.dtype)))
+            flops / (step_s * world * job.cluster.gpu.peak_flops(job.peak_dtype)))
 
 
 def summary_of(stats: dict[int, dict], job: Job,
@@ -208,6 +208,7 @@ def summary_of(stats: dict[int, dict], job: Job,
         world_size=world,
         model_flops_per_step=flops,
         tokens_per_step=par.global_batch_size * model.seq_len,
+        mfu_peak_dtype=job.peak_dtype,
         extra={"peak_memory_overheads_bytes": extra[max(mem, key=mem.get)] if mem else {}},
     )
 

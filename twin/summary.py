@@ -51,6 +51,9 @@ class Summary(Mapping):
     world_size: int
     model_flops_per_step: float
     tokens_per_step: float
+    mfu_peak_dtype: str = ""
+    """Whose peak ``mfu`` divides by: the model dtype's, or fp8 / mxfp8 under parallel.float8
+    ("" in summaries written before this field)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The source's own fields (TWIN_FIELDS, EXECUTOR_FIELDS, out_dir), flat in to_dict()."""
 
@@ -63,11 +66,13 @@ class Summary(Mapping):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Summary:
         """A Summary of a summary.json object (unknown keys go to ``extra``)."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        missing = sorted(names - set(data))
+        fields = [f for f in dataclasses.fields(cls) if f.name != "extra"]
+        names = {f.name for f in fields}
+        required = {f.name for f in fields if f.default is dataclasses.MISSING}
+        missing = sorted(required - set(data))
         if missing:
             raise ValueError(f"not a paratwin summary: missing {', '.join(missing)}")
-        return cls(**{k: data[k] for k in names}, extra={k: v for k, v in data.items()
+        return cls(**{k: data[k] for k in names if k in data}, extra={k: v for k, v in data.items()
                                                           if k not in names})
 
     def __getitem__(self, key: str) -> Any:

@@ -110,8 +110,12 @@ def group_name(job: Job, rank: int, group: tuple[int, ...], kind: str) -> str:
         return "pp"
     grid = job.grid
     dims = [d for d in ("tp", "pp", "dp") if grid.size(d) > 1]
+    if job.parallel.dp_replicate > 1:
+        dims += ["dp_shard", "dp_replicate"]
     for n in range(1, len(dims) + 1):
         for combo in combinations(dims, n):
+            if sum(d.startswith("dp") for d in combo) > 1:
+                continue  # dp and its HSDP parts nest: at most one of them
             if tuple(sorted(grid.group(rank, combo))) == tuple(sorted(group)):
                 return "-".join(combo)
     return "?"

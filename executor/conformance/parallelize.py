@@ -16,6 +16,7 @@ from torch import nn
 from twin.spec import ConfigError, Job
 
 MESH_DIMS = ("dp", "pp", "tp")
+HSDP_MESH_DIMS = ("dp_replicate", "dp_shard", "pp", "tp")
 
 
 def check_plan(job: Job) -> None:
@@ -44,6 +45,12 @@ def check_plan(job: Job) -> None:
                         "ScheduleGPipe trips DDP's Reducer in its second step (torch 2.13: 'rebuilt "
                         "parameter indices size is not same as original model parameters size'); "
                         "use pp_schedule=1f1b or interleaved with DDP, or dp=1 with gpipe")
+    split = p.pp_schedule in ("zb_h1", "zb_v", "dualpipev") or p.pp_schedule_csv is not None
+    if p.pp > 1 and split and p.dp > 1:
+        problems.append(f"pp_schedule={p.pp_schedule_csv or p.pp_schedule} with data parallelism "
+                        "(dp > 1): torch 2.13's split backward (I/W) with DDP leaves some ranks' "
+                        "gradients unreduced (no all-reduce on the last stage; losses off a single "
+                        "process by 1e-3 at step 3); use dp=1 with split-backward pipelines")
     if p.tp > 1 and m.num_kv_heads % p.tp:
         problems.append(f"parallel.tp={p.tp} > model.num_kv_heads={m.num_kv_heads}: ColwiseParallel "
                         "would split a KV head across ranks (the schedule replicates it); use "
@@ -55,12 +62,17 @@ def check_plan(job: Job) -> None:
 
 
 def device_mesh(job: Job):
-    """A (dp, pp, tp) DeviceMesh whose entry [d, p, t] is the grid's rank at those coordinates."""
+    """A (dp, pp, tp) DeviceMesh whose entry [d, p, t] is the grid's rank at those coordinates;
+    under HSDP (dp_replicate, dp_shard, pp, tp), dp = replica * dp_shard + shard (torchtitan's
+    mesh order, the grid's split of dp)."""
     from torch.distributed.device_mesh import DeviceMesh
 
     g, p = job.grid, job.parallel
     ranks = torch.tensor([[[g.rank(dp=d, pp=s, tp=t) for t in range(p.tp)] for s in range(p.pp)]
                           for d in range(p.dp)], dtype=torch.int64)
+    if p.dp_replicate > 1:
+        ranks = ranks.reshape(p.dp_replicate, p.shard_degree, p.pp, p.tp)
+        return DeviceMesh("cpu", ranks, mesh_dim_names=HSDP_MESH_DIMS)
     return DeviceMesh("cpu", ranks, mesh_dim_names=MESH_DIMS)
 
 
@@ -73,13 +85,14 @@ def chunk_layers(job: Job) -> list[range]:
 
 
 def pipeline_chunks(model: nn.Module, job: Job, stage: int) -> list[tuple[int, nn.Module]]:
-    """(chunk index, module) of the chunks pipeline rank ``stage`` holds (Megatron: c % pp)."""
+    """(chunk index, module) of the chunks pipeline rank ``stage`` holds (``Job.placement``:
+    Megatron's c % pp, or the V of zb_v and dualpipev)."""
     p = job.parallel
     if p.pp == 1:
         return [(0, model)]
     layers = chunk_layers(job)
     out = []
-    for chunk in range(stage, p.num_stages, p.pp):
+    for chunk in (c for c in range(p.num_stages) if job.chunk_stage(c) == stage):
         part = copy.deepcopy(model)
         for key in list(part.layers.keys()):
             if int(key) not in layers[chunk]:
@@ -179,7 +192,8 @@ def parallelize(model: nn.Module, job: Job, mesh) -> list[tuple[int, nn.Module, 
             apply_tp(part, mesh["tp"], p.sp)
         sharded = tp_sharded(part)
         if p.dp > 1 and p.zero_stage == 3:
-            part = apply_fsdp(part, mesh["dp"], p.fsdp_reshard_after_forward)
+            dp_mesh = mesh["dp_replicate", "dp_shard"] if p.dp_replicate > 1 else mesh["dp"]
+            part = apply_fsdp(part, dp_mesh, p.fsdp_reshard_after_forward)
         elif p.dp > 1:
             part = apply_ddp(part, mesh["dp"], p.ddp_bucket_MB)
         out.append((chunk, part, sharded))

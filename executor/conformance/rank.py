@@ -34,17 +34,27 @@ def _pipeline_schedule(parts, job, mesh, device):
     from torch.distributed.pipelining import (
         PipelineStage,
         Schedule1F1B,
+        ScheduleDualPipeV,
         ScheduleGPipe,
         ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
     )
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
     from executor.conformance.model import loss_fn
 
     p = job.parallel
     group = mesh["pp"].get_group()
     stages = [PipelineStage(mod, chunk, p.num_stages, device, group=group) for chunk, mod in parts]
-    if p.pp_schedule == "interleaved":
-        return ScheduleInterleaved1F1B(stages, n_microbatches=p.num_microbatches, loss_fn=loss_fn)
+    if p.pp_schedule_csv is not None:  # torch reads the table itself (and infers the placement)
+        sched = _PipelineScheduleRuntime(stages, n_microbatches=p.num_microbatches, loss_fn=loss_fn)
+        sched._load_csv(p.pp_schedule_csv)
+        return sched
+    multi = {"interleaved": ScheduleInterleaved1F1B, "zb_h1": ScheduleInterleavedZeroBubble,
+             "zb_v": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
+    if p.pp_schedule in multi:
+        return multi[p.pp_schedule](stages, n_microbatches=p.num_microbatches, loss_fn=loss_fn)
     cls = ScheduleGPipe if p.pp_schedule == "gpipe" else Schedule1F1B
     return cls(stages[0], n_microbatches=p.num_microbatches, loss_fn=loss_fn)
 

@@ -8,8 +8,11 @@ from pathlib import Path
 
 from paratwin.config import job_from_cfg
 from twin import rundir
+from twin.files import write_text_atomic
 from twin.schedule.builder import build_schedule
 from twin.schedule.check import check_schedule
+from twin.schedule.tables import job_tables
+from twin.schedule.torchcsv import format_csv, parse_csv
 from twin.spec import ConfigError
 
 
@@ -37,11 +40,39 @@ def format_program(program, summary: dict, head: int) -> str:
     return "\n".join(lines)
 
 
+def write_torch_csv(cfg, job) -> dict:
+    """format=torch-csv: every pipeline rank's action table in torch.distributed.pipelining's
+    CSV format (twin/schedule/torchcsv.py), printed or written to ``out`` atomically. An
+    existing ``out`` is replaced only when it already is such a table (or force=true)."""
+    text = format_csv(job_tables(job))
+    summary = {"format": "torch-csv", "rows": job.parallel.pp,
+               "actions": sum(len(row) for row in parse_csv(text))}
+    if not cfg.get("out"):
+        print(text, end="")
+        return summary
+    out = Path(str(cfg.out))
+    if out.is_dir():
+        raise ConfigError(f"out={out} is a directory; give a file path for the table")
+    if out.exists() and not cfg.get("force", False):
+        try:
+            parse_csv(out.read_text(encoding="utf-8"))
+        except (ConfigError, UnicodeDecodeError):
+            raise ConfigError(f"out={out} exists and is not a pipeline action table; it was not "
+                              "overwritten: give another path, or force=true to replace it") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out, text)
+    summary["out"] = str(out)
+    print(f"wrote {out}: {summary['rows']} ranks, {summary['actions']} actions")
+    return summary
+
+
 def run(cfg) -> dict:
     fmt = cfg.get("format", "text")
-    if fmt not in ("text", "json"):
-        raise ConfigError(f"format={fmt!r} is not one of text|json")
+    if fmt not in ("text", "json", "torch-csv"):
+        raise ConfigError(f"format={fmt!r} is not one of text|json|torch-csv")
     job = job_from_cfg(cfg)
+    if fmt == "torch-csv":
+        return write_torch_csv(cfg, job)
     rank = int(cfg.get("rank", 0))
     if not 0 <= rank < job.grid.world_size:
         raise ConfigError(f"rank={rank} is out of range for world size {job.grid.world_size}; "

@@ -128,7 +128,8 @@ def format_summary(job, s: dict, out: Path, chrome: str = "trace.json") -> str:
     p = job.parallel
     lines = [
         f"simulated {job.model.name} on {job.cluster.name}: {job.grid.world_size} GPUs, dp={p.dp} "
-        f"tp={p.tp}{' +sp' if p.sp else ''} pp={p.pp} zero={p.zero_stage}"
+        + (f"(HSDP {p.dp_replicate} replicas x {p.shard_degree} shards) " if p.dp_replicate > 1 else "")
+        + f"tp={p.tp}{' +sp' if p.sp else ''} pp={p.pp} zero={p.zero_stage}"
         + (f" {p.pp_schedule}" if p.pp > 1 else "") + f", {p.num_microbatches} micro-batch(es)",
         f"  {s['steps']} step(s); {s['simulated_ranks']} of {s['world_size']} ranks simulated "
         + ("(no folding)" if s["fold"] == "none" else f"(FOLDED along {s['fold']}: copies simulated once)")
@@ -137,7 +138,8 @@ def format_summary(job, s: dict, out: Path, chrome: str = "trace.json") -> str:
         + (f" (p10 {s['step_time_p10_s'] * 1e3:,.2f}, p90 {s['step_time_p90_s'] * 1e3:,.2f} ms)"
            if s["steps"] > 1 else "")
         + f"   {s['tokens_per_s']:,.0f} tokens/s   {s['tflops_per_gpu']:.1f} TFLOP/s per GPU"
-        f"   MFU {s['mfu']:.1%}",
+        f"   MFU {s['mfu']:.1%}" + (f" (of the {job.peak_dtype} peak)" if job.parallel.float8 != "none"
+                                   else ""),
         f"  pipeline bubble {s['bubble_fraction']:.1%}   exposed communication: "
         + (", ".join(f"{g} {v * 1e3:.2f} ms" for g, v in s["exposed_comm_s"].items()) or "none"),
     ]

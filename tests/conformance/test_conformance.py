@@ -37,6 +37,7 @@ PLANS = {  # name: (world size, plan)
     "ddp_tp": (4, dict(tp=2)),
     "pp_tp_sp": (4, dict(pp=2, tp=2, sp=True, **SP_NORMS)),
     "pp_ddp": (4, dict(pp=2, dp=2)),
+    "hsdp": (4, dict(zero_stage=3, dp_replicate=2)),
 }
 
 

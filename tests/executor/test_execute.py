@@ -25,7 +25,7 @@ from twin.spec import ConfigError  # noqa: E402
 from twin.trace import Trace  # noqa: E402
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "parallel").glob("*.yaml"))
-WORLD = {"single": 1, "3d": 4}
+WORLD = {"single": 1, "3d": 4, "hsdp": 4}
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ def preset_job(parallel: str, model: str = "tiny", cluster: str = "cpu_local",
                gpus: int | None = None, *extra: str):
     """The job of a parallel preset (world size 2, 3D at 4, single at 1, unless ``gpus``)."""
     register_schemas()
-    gpus = gpus or {"single": 1, "3d": 4}.get(parallel, 2)
+    gpus = gpus or {"single": 1, "3d": 4, "hsdp": 4}.get(parallel, 2)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="schedule", overrides=[

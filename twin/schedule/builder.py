@@ -13,6 +13,7 @@ from twin.schedule.ir import Program, Schedule
 from twin.schedule.legacy import legacy_dp_program
 from twin.schedule.step import StepBuilder, build_program
 from twin.spec import Job
+from twin.spec.experts import has_expert_groups
 
 __all__ = ["StepBuilder", "TemplateBuilder", "build_program", "build_schedule"]
 
@@ -21,6 +22,8 @@ def build_schedule(job: Job) -> Schedule:
     """A schedule whose programs are built per rank on demand."""
     if job.parallel.legacy_dp:
         return Schedule(job, builder=legacy_dp_program)
+    if has_expert_groups(job.model, job.parallel):  # MoE: expert groups, uneven routing
+        return Schedule(job, builder=build_program)
     return Schedule(job, builder=TemplateBuilder(job))
 
 
@@ -46,7 +49,7 @@ class TemplateBuilder:
             return t
         if t.rank == rank:
             return t
-        delta = {d: grid.coord(rank, d) - grid.coord(t.rank, d) for d in grid.order}
+        shift = grid.mover(t.rank, rank)
         memo: dict[int, int] = {}
 
         def move(m: int) -> int:
@@ -54,8 +57,7 @@ class TemplateBuilder:
                 return m
             r = memo.get(m)
             if r is None:
-                r = memo[m] = grid.rank(**{d: (grid.coord(m, d) + delta[d]) % grid.size(d)
-                                           for d in grid.order})
+                r = memo[m] = shift(m)
             return r
 
         groups: dict[tuple, tuple] = {}

@@ -84,8 +84,9 @@ class GradSync(Pass):
 
     def __init__(self, out: ProgramBuilder, group: tuple[int, ...], buckets: list[Bucket],
                  grad_ops: dict[Key, str], *, kind: str, every_mb: bool, last_mb: int,
-                 paradigm: str):
+                 paradigm: str, role: str = "dp", prefix: str = ""):
         self.b = out
+        self.role, self.prefix = role, prefix  # a second sync (MoE experts) names its own
         self.group = group
         self.kind, self.every_mb, self.paradigm = kind, every_mb, paradigm
         self.last_mb = last_mb
@@ -120,8 +121,9 @@ class GradSync(Pass):
         while k < len(self.buckets) and all(key in ready for key in self.buckets[k].keys):
             bucket = self.buckets[k]
             ctx = Ctx("bwd", mb=mb, paradigm=self.paradigm)
-            idx = self.b.collective(ctx, f"grad.b{k}.{'ar' if self.kind == 'all_reduce' else 'rs'}",
-                                    self.kind, self.group, "dp", bucket.numel * self.b.e,
+            idx = self.b.collective(ctx, f"{self.prefix}grad.b{k}."
+                                    f"{'ar' if self.kind == 'all_reduce' else 'rs'}",
+                                    self.kind, self.group, self.role, bucket.numel * self.b.e,
                                     [ready[key] for key in bucket.keys], stream="comm")
             if idx is not None:
                 self.issued.append(idx)
@@ -138,6 +140,6 @@ class GradSync(Pass):
 
     def gather_params(self, ctx: Ctx, after: Idx) -> list[Idx]:
         """ZeRO-1/2: all-gather the updated parameter shards, bucket by bucket."""
-        return [self.b.collective(ctx, f"param.b{k}.ag", "all_gather", self.group, "dp",
-                                  bucket.numel * self.b.e, [after], stream="comm")
+        return [self.b.collective(ctx, f"{self.prefix}param.b{k}.ag", "all_gather", self.group,
+                                  self.role, bucket.numel * self.b.e, [after], stream="comm")
                 for k, bucket in enumerate(self.buckets)]

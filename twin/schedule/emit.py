@@ -7,9 +7,14 @@ from dataclasses import dataclass, replace
 
 from twin.schedule.ir import Op, Program
 from twin.spec import Job
+from twin.spec.job import FLOAT8_PEAK
+from twin.spec.parallel import OPTIMIZER_STATE_BYTES
 
 Idx = int | None
 Deps = Iterable  # of Idx, possibly nested
+FP8_LINEARS = frozenset({"qkv", "out_proj", "fc_gate", "fc_up", "fc1", "fc2"})
+"""The GEMMs torchao's float8 converter swaps (a layer's nn.Linear; torchtitan leaves the
+LM head, ``output``, in high precision)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,10 @@ class ProgramBuilder:
         self._names: dict[str, int] = {}
         self.e = job.model.dtype_bytes
         self.dtype = job.model.dtype
+        self.linear_dtype = FLOAT8_PEAK.get(job.parallel.float8)
+        """The transformer layers' linear GEMMs' dtype under FP8 training (None: the model's)."""
+        self.state_bytes = OPTIMIZER_STATE_BYTES[job.parallel.optimizer_dtype]
+        """Bytes of one of Adam's momentum or variance elements."""
         self.last_compute: Idx = None
         """The latest compute op: where the host stands when it issues the next op."""
 
@@ -81,7 +90,17 @@ class ProgramBuilder:
     # -- compute -----------------------------------------------------------------
     def gemm(self, ctx: Ctx, local: str, m: int, n: int, k: int, deps: Iterable[Idx],
              flops_scale: float = 1.0) -> int:
-        """(m x k) @ (k x n): 2mnk FLOPs, e(mk + kn + mn) bytes."""
+        """(m x k) @ (k x n): 2mnk FLOPs, e(mk + kn + mn) bytes. Under FP8 training a layer's
+        linear GEMM (forward, dgrad and wgrad) first casts its two operands (dynamic scaling:
+        an amax read, then a cast that reads e and writes 1 byte per element; torchao's
+        Float8Linear keeps the high-precision tensors for backward and casts again there),
+        then multiplies 1-byte operands into an e-byte output at the FP8 peak."""
+        if self.linear_dtype and local.split(".")[0] in FP8_LINEARS:
+            cast = self.elementwise(ctx, f"{local}.fp8_cast", m * k + k * n, deps,
+                                    tensors=(2 * self.e + 1) / self.e, flops_per_element=2)
+            return self.emit(ctx, local, "gemm", "compute", [cast], shape=(m, n, k),
+                             dtype=self.linear_dtype, flops=2.0 * m * n * k * flops_scale,
+                             bytes=float(m * k + k * n + self.e * m * n))
         return self.emit(ctx, local, "gemm", "compute", deps, shape=(m, n, k), dtype=self.dtype,
                          flops=2.0 * m * n * k * flops_scale,
                          bytes=float(self.e * (m * k + k * n + m * n)))
@@ -122,8 +141,10 @@ class ProgramBuilder:
         accumulated (2 x r/w, 16 B) and read by the square root (4 B); the denominator written
         by the root, divided and shifted by eps in place (4 + 8 + 8 B) and read by the update
         (4 B); the master read and written (8 B): 64 B, plus the grad and param (2e B).
-        ``shape``: (params, 1 if fused else 0)."""
-        per_param = (24 if fused else 64) + 2 * self.e
+        With bf16 states (``optimizer_dtype``) each byte of momentum and variance traffic
+        halves: fused 8 + 8 B, foreach 8 + 28 B. ``shape``: (params, 1 if fused else 0)."""
+        states = (16 if fused else 56) * self.state_bytes / 4  # everything but the master's 8 B
+        per_param = 8 + states + 2 * self.e
         return self.emit(ctx, local, "optimizer", "compute", deps, shape=(params, int(fused)),
                          dtype=self.dtype, flops=10.0 * params, bytes=float(params * per_param))
 

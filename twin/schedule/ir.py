@@ -68,6 +68,12 @@ class Op:
     peer: int = -1
     tag: str = ""
     category: str = ""
+    send_splits: tuple[float, ...] = ()
+    """An uneven all-to-all (MoE token dispatch): bytes sent to each member of ``group``, in
+    group order, itself included (``bytes``: the members' mean send buffer, the same on
+    every member); empty: bytes / n to each."""
+    recv_splits: tuple[float, ...] = ()
+    """An uneven all-to-all: bytes received from each member of ``group``, in group order."""
 
     @property
     def is_compute(self) -> bool:

@@ -19,44 +19,47 @@ from twin.workload.params import vocab_rows
 
 
 def apply_pp(out: ProgramBuilder, model: ModelSpec, par: ParallelPlan, group: tuple[int, ...],
-             stage: int) -> Pipeline:
-    """The chunk boundaries of pipeline rank ``stage`` in its PP ``group`` (none at pp=1)."""
-    return Pipeline(out, model, par, group, stage)
+             stage: int, placement: tuple[int, ...]) -> Pipeline:
+    """The chunk boundaries of pipeline rank ``stage`` in its PP ``group`` (none at pp=1);
+    ``placement``: the pipeline rank of each chunk (``Job.placement``)."""
+    return Pipeline(out, model, par, group, stage, placement)
 
 
 class Pipeline(Pass):
     """Emits the p2p ops at chunk boundaries and the tied-embedding all-reduce."""
 
     def __init__(self, out: ProgramBuilder, model: ModelSpec, par: ParallelPlan,
-                 group: tuple[int, ...], stage: int):
+                 group: tuple[int, ...], stage: int, placement: tuple[int, ...]):
         self.b = out
         self.group, self.pp = group, par.pp
+        self.stage, self.placement = stage, placement
         self.n_chunks = par.num_stages
         sp_div = par.tp if par.sp else 1
         self.p2p_bytes = out.e * par.micro_batch_size * model.seq_len * model.hidden_size / sp_div
         self.tied_pair = None  # the first and last stage, when they share the embedding
-        if par.pp > 1 and model.tie_embeddings and stage in (0, par.pp - 1):
-            self.tied_pair = (group[0], group[-1])
+        ends = (placement[0], placement[-1])
+        if ends[0] != ends[1] and model.tie_embeddings and stage in ends:
+            self.tied_pair = tuple(sorted(group[e] for e in ends))
             self.tied_bytes = vocab_rows(model, par.tp) * model.hidden_size * out.e / \
-                (par.dp if par.zero_stage >= 2 else 1)
+                (par.shard_degree if par.zero_stage >= 2 else 1)
 
     def receive(self, ctx: Ctx, chunk: int) -> Idx:
         """At a chunk's start: receive its input (forward: the activation of the chunk
         before; backward: the gradient of the chunk after), or None where it has none."""
         src = chunk - 1 if ctx.phase == "fwd" else chunk + 1
-        if not 0 <= src < self.n_chunks:
-            return None
+        if not 0 <= src < self.n_chunks or self.placement[src] == self.stage:
+            return None  # no input, or handed over on this rank (the turn of a V)
         what = "act" if ctx.phase == "fwd" else "grad"
-        return self.b.recv(ctx.at(paradigm="pp"), "recv", self.group[src % self.pp],
+        return self.b.recv(ctx.at(paradigm="pp"), "recv", self.group[self.placement[src]],
                            f"{what}.c{src}.mb{ctx.mb}", self.p2p_bytes, [self.b.last_compute])
 
     def send(self, ctx: Ctx, chunk: int, out: Idx) -> None:
         """At a chunk's end: send its output to the next chunk's stage in this direction."""
         dst = chunk + 1 if ctx.phase == "fwd" else chunk - 1
-        if not 0 <= dst < self.n_chunks:
+        if not 0 <= dst < self.n_chunks or self.placement[dst] == self.stage:
             return
         what = "act" if ctx.phase == "fwd" else "grad"
-        self.b.send(ctx.at(paradigm="pp"), "send", self.group[dst % self.pp],
+        self.b.send(ctx.at(paradigm="pp"), "send", self.group[self.placement[dst]],
                     f"{what}.c{chunk}.mb{ctx.mb}", self.p2p_bytes, [out])
 
     def finalize_grads(self, ctx: Ctx, waits: list[Idx]) -> list[Idx]:

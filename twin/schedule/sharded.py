@@ -10,6 +10,10 @@ paper, Zhao et al. 2023, §3.3). Gradients are reduce-scattered every micro-batc
 ``grad_sync`` says otherwise. The root stays gathered after forward; its gradients are
 reduce-scattered once both its parts' backwards are done on a stage that holds both (one
 chunk), else after each part's.
+
+HSDP (FSDP2 on a 2-D mesh, ``dp_replicate`` > 1): the gathers and reduce-scatters run over
+the rank's dp_shard group, and each reduce-scattered shard is then all-reduced across its
+dp_replicate group on its own stream (FSDP2's ``all_reduce_stream``), 1/dp_shard of the unit.
 """
 
 from __future__ import annotations
@@ -17,26 +21,33 @@ from __future__ import annotations
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.passes import EMBED, HEAD_UNIT, LAYER, Pass, Unit
 from twin.schedule.stage import ROOT, StageLayout
-from twin.spec import ParallelPlan
+from twin.spec import ParallelPlan, RankGrid
 
 
 def apply_fsdp(out: ProgramBuilder, par: ParallelPlan, layout: StageLayout,
-               group: tuple[int, ...]) -> FSDP | None:
-    """ZeRO-3 / FSDP over the DP ``group`` (None unless zero_stage=3 with dp > 1)."""
+               grid: RankGrid) -> FSDP | None:
+    """ZeRO-3 / FSDP over the rank's DP group, or HSDP over its dp_shard group with the
+    dp_replicate all-reduce (None unless zero_stage=3 with dp > 1)."""
     if par.legacy_dp or par.dp <= 1 or par.zero_stage != 3:
         return None
+    hsdp = par.dp_replicate > 1
+    group = grid.group(out.rank, "dp_shard" if hsdp else "dp")
+    replicate = grid.group(out.rank, "dp_replicate") if hsdp else ()
     return FSDP(out, group, layout.units, reshard=par.fsdp_reshard_after_forward,
                 every_mb=par.sync_every_microbatch, last_mb=par.num_microbatches - 1,
-                one_chunk=layout.num_chunks == 1)
+                one_chunk=layout.num_chunks == 1, replicate=replicate)
 
 
 class FSDP(Pass):
     """Tracks which units are gathered on this rank and emits their collectives."""
 
     def __init__(self, out: ProgramBuilder, group: tuple[int, ...], unit_numel: dict[int, int], *,
-                 reshard: bool, every_mb: bool, last_mb: int, one_chunk: bool):
+                 reshard: bool, every_mb: bool, last_mb: int, one_chunk: bool,
+                 replicate: tuple[int, ...] = ()):
         self.b = out
         self.group = group
+        self.replicate = replicate  # HSDP: the replicas that all-reduce each reduced shard
+        self.role = "dp_shard" if len(replicate) > 1 else "dp"
         self.units = unit_numel  # unit key (layer or ROOT) -> TP-local parameter count
         self.reshard = reshard
         self.every_mb = every_mb
@@ -87,7 +98,7 @@ class FSDP(Pass):
         tag = f"{'root' if unit == ROOT else unit}.{ctx.phase}.mb{ctx.mb}"
         self.b.alloc(c, f"gathered.{tag}", "buffers", self._bytes(unit), [self.b.last_compute])
         idx = self.b.collective(c, f"{'root.' if unit == ROOT else ''}param.ag", "all_gather",
-                                self.group, "dp", self._bytes(unit), [self.b.last_compute],
+                                self.group, self.role, self._bytes(unit), [self.b.last_compute],
                                 stream="comm.ag")
         self.gathered[unit] = idx
         self._tags[unit] = tag
@@ -95,9 +106,8 @@ class FSDP(Pass):
 
     def gather(self, ctx: Ctx, unit: int, prefetch: int | None) -> Idx:
         """Make ``unit`` gathered (returns the op to wait for); prefetch the next unit."""
-        ag = self.gathered.get(unit)
-        if ag is None:
-            ag = self._gather(ctx, unit)
+        # (membership, not the op: over a one-rank shard group the gather is no op, None)
+        ag = self.gathered[unit] if unit in self.gathered else self._gather(ctx, unit)
         if prefetch is not None and prefetch not in self.gathered:
             self._gather(ctx, prefetch)
         return ag
@@ -125,9 +135,13 @@ class FSDP(Pass):
         c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
         if self.every_mb or ctx.mb == self.last_mb:
             rs = self.b.collective(c, f"{'root.' if unit == ROOT else ''}grad.rs",
-                                   "reduce_scatter", self.group, "dp", self._bytes(unit),
+                                   "reduce_scatter", self.group, self.role, self._bytes(unit),
                                    grad_ops, stream="comm")
             self.issued.append(rs)
+            if len(self.replicate) > 1:  # FSDP2's all_reduce_stream: the shard across replicas
+                self.issued.append(self.b.collective(
+                    c, f"{'root.' if unit == ROOT else ''}grad.ar", "all_reduce", self.replicate,
+                    "dp_replicate", self._bytes(unit) / len(self.group), [rs], stream="comm.ar"))
             opened = self.grad_open.pop(unit)
             self.b.free(c, f"grad.{unit}.mb{opened}", "grads", self._bytes(unit), [rs])
         self._release(ctx, unit, done)

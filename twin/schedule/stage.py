@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from twin.spec import Job
-from twin.workload.params import embedding_tensors, head_tensors, layer_tensors
+from twin.workload.params import embedding_tensors, head_tensors, synced_layer_tensors
 
 ROOT = -1  # tensor key of the embedding, and the FSDP unit of the embedding, final norm and head
 HEAD = -2  # tensor key of the final norm and head (in FSDP's root unit)
@@ -27,7 +27,7 @@ class StageLayout:
 
     stage: int
     num_chunks: int
-    """Model chunks in the whole pipeline (pp * v); chunk c runs on stage c % pp."""
+    """Model chunks in the whole pipeline (pp * v); ``Job.placement`` says which stage runs each."""
     chunk_layers: list[range]
     """Global layer indices of every chunk (all stages), in pipeline order."""
     tensors: list[tuple[Key, int]] = field(default_factory=list)
@@ -59,11 +59,11 @@ def stage_layout(job: Job, stage: int) -> StageLayout:
         starts.append(starts[-1] + n)
     n_chunks = par.num_stages
     layout = StageLayout(stage, n_chunks, [range(starts[c], starts[c + 1]) for c in range(n_chunks)])
-    if stage == 0:
+    if stage == job.chunk_stage(0):
         layout.add(ROOT, embedding_tensors(model, par.tp), ROOT)
     for layer in job.layers_on_stage(stage):
-        layout.add(layer, layer_tensors(model, par.tp), layer)
-    if stage == par.pp - 1:
-        tied_copy = par.pp > 1 and model.tie_embeddings
+        layout.add(layer, synced_layer_tensors(model, par, layer), layer)
+    if stage == job.head_stage:
+        tied_copy = job.head_stage != job.chunk_stage(0) and model.tie_embeddings
         layout.add(HEAD, head_tensors(model, par.tp, holds_copy=tied_copy), ROOT)
     return layout

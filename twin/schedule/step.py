@@ -3,10 +3,13 @@
 What a rank does in one step:
 1. setup: allocate the model states this rank keeps (parameters, gradients, optimizer
    states, sharded per ZeRO stage);
-2. the pipeline table of its stage (GPipe, 1F1B or interleaved; one stage without PP):
-   each forward receives its chunk's input (not on the first chunk), runs the chunk's
-   units (embedding on the first chunk, its layers, final norm, head and loss on the
-   last) and sends the output on; each backward the reverse;
+2. the pipeline table of its stage (GPipe, 1F1B, interleaved, ZB-H1, ZB-V, DualPipeV or a
+   torch CSV table; one stage without PP): each forward receives its chunk's input (not
+   on the first chunk), runs the chunk's units (embedding on the first chunk, its layers,
+   final norm, head and loss on the last) and sends the output on; each backward the
+   reverse. A split backward runs as I (the input gradient: activation-gradient GEMMs and
+   the memory-bound backward ops, sent on at once) and later W (the weight-gradient GEMMs,
+   then what follows a unit's backward: gradient buckets, activation frees);
 3. step end: the gradient collectives still in flight, the gradients' final reductions
    (SP's norm weights, PP's tied embedding), the gradient-norm all-reduce for clipping,
    the optimizer step on the local shard, and ZeRO-1/2's parameter all-gather.
@@ -21,13 +24,16 @@ from collections.abc import Iterator
 from twin.schedule.data import apply_dp
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.ir import Program
+from twin.schedule.moe import apply_expert_dp, apply_moe
 from twin.schedule.p2p import apply_pp
 from twin.schedule.passes import EMBED, HEAD_UNIT, LAYER, Pass, Unit
-from twin.schedule.pipeline import Action, interleaved_warmup, stage_order
+from twin.schedule.pipeline import SPLIT_SCHEDULES, Action, interleaved_warmup, stage_order
 from twin.schedule.recompute import apply_ac
 from twin.schedule.sharded import apply_fsdp
 from twin.schedule.stage import HEAD, ROOT, stage_layout
+from twin.schedule.tables import job_tables
 from twin.schedule.tensor import apply_tp
+from twin.schedule.zerobubble import post_recvs
 from twin.spec import Job
 from twin.workload.memory import model_state_bytes
 from twin.workload.params import stage_params
@@ -44,7 +50,9 @@ class StepBuilder:
         self.layout = layout = stage_layout(job, self.stage)
         dp_group = grid.group(rank, "dp")
         self.tp = apply_tp(b, model, par, grid.group(rank, "tp"), layout.tensors)
-        self.pp = apply_pp(b, model, par, grid.group(rank, "pp"), self.stage)
+        self.tp.moe = apply_moe(b, job, rank, self.tp)  # MoE layers' experts (None: dense)
+        self.pp = apply_pp(b, model, par, grid.group(rank, "pp"), self.stage, job.placement)
+        self.held: dict[tuple[int, int], list] = {}  # (mb, chunk) -> I's units, W ops held
         # The passes, in the order they are applied (torchtitan's parallelize: apply_tp ->
         # apply_ac -> apply_fsdp or apply_ddp). Each later pass wraps the earlier ones
         # around every unit, as module wrappers nest: its ``before`` runs first and its
@@ -59,7 +67,8 @@ class StepBuilder:
             self.tp,                              # tensor (+ sequence) parallelism: the bodies
             apply_ac(b, model, par, self.tp),     # activation memory and recomputation
             apply_dp(b, par, layout, dp_group),   # DDP / ZeRO-1/2 gradient buckets
-            apply_fsdp(b, par, layout, dp_group), # ZeRO-3 / FSDP gathers and reduce-scatters
+            apply_expert_dp(b, job, rank, layout),  # MoE experts' buckets over expert-DP
+            apply_fsdp(b, par, layout, grid),     # ZeRO-3 / FSDP (HSDP) gathers and reductions
             self.pp,                              # pipeline p2p and tied embeddings
         ]
         self.passes: list[Pass] = [p for p in candidates if p is not None]
@@ -67,8 +76,8 @@ class StepBuilder:
     # -- setup -----------------------------------------------------------------------
     def setup(self) -> None:
         par = self.job.parallel
-        states = model_state_bytes(stage_params(self.job, self.stage), par.dp, par.zero_stage,
-                                   self.job.model.dtype)
+        states = model_state_bytes(stage_params(self.job, self.stage), par.shard_degree,
+                                   par.zero_stage, self.job.model.dtype, par.optimizer_dtype)
         ctx = Ctx("setup")
         for cat in ("params", "grads", "optimizer"):
             self.b.alloc(ctx, f"model.{cat}", cat, getattr(states, cat))
@@ -88,13 +97,15 @@ class StepBuilder:
             yield Unit(kind, key, ctx.at(layer=key) if kind == LAYER else ctx,
                        next_layer=after[1] if after and after[0] == LAYER else None)
 
-    def run(self, unit: Unit) -> Idx:
-        """The unit's body with every pass's hooks around it (outermost first before it)."""
+    def run(self, unit: Unit, after: bool = True) -> Idx:
+        """The unit's body with every pass's hooks around it (outermost first before it);
+        ``after=False`` leaves the after-hooks to the W action of a split backward."""
         for p in reversed(self.passes):
             p.before(unit)
         unit.out = self.tp.run(unit)
-        for p in self.passes:
-            p.after(unit)
+        if after:
+            for p in self.passes:
+                p.after(unit)
         return unit.out
 
     @staticmethod
@@ -108,17 +119,58 @@ class StepBuilder:
     def compute(self, action: Action, x: Idx) -> Idx:
         """``action``'s units on input ``x``; returns its output."""
         ctx = self.ctx_of(action)
+        held = []
         for unit in self.units(ctx, action.chunk):
             # a backward's head unit starts from the loss, the op before it
-            unit.x = self.b.last_compute if action.phase == "B" and unit.kind == HEAD_UNIT else x
-            x = self.run(unit)
+            unit.x = self.b.last_compute if action.phase in ("B", "I") and unit.kind == HEAD_UNIT \
+                else x
+            if action.phase == "I":  # the weight-gradient ops and the after-hooks wait for W
+                self.tp.deferred = []
+                x = self.run(unit, after=False)
+                held.append((unit, self.tp.deferred))
+                self.tp.deferred = None
+            else:
+                x = self.run(unit)
+        if action.phase == "I":
+            self.held[(action.mb, action.chunk)] = held
         return x
+
+    def weights(self, action: Action) -> None:
+        """W: the weight-gradient ops its I held back, unit by unit in backward order, each
+        unit followed by its after-hooks (DDP/ZeRO buckets, activation frees): gradient
+        synchronisation follows the W ops (torch's stage_backward_weight)."""
+        for unit, ops in self.held.pop((action.mb, action.chunk)):
+            from_i = list(unit.grads)  # the norms' weight gradients, made by the I ops
+            for grads, local, emit in ops:
+                unit.out = grads[local] = emit()
+            if ops:  # the weight pass yields every parameter gradient of the unit
+                unit.grads.update(dict.fromkeys(from_i, unit.out))
+            for p in self.passes:
+                p.after(unit)
 
     def act(self, action: Action) -> None:
         """Receive, compute, send: one action with its own p2p (GPipe, 1F1B: Megatron's
-        send_forward_recv_backward and send_backward_recv_forward fall together as one batch)."""
+        send_forward_recv_backward and send_backward_recv_forward fall together as one batch).
+        W has no p2p: nobody waits for a weight gradient but the optimizer."""
+        if action.phase == "W":
+            self.weights(action)
+            return
         out = self.compute(action, self.receive(action))
         self.pp.send(self.ctx_of(action), action.chunk, out)
+
+    def lowered(self, items: list[tuple[str, Action]]) -> None:
+        """A split-backward or CSV table with its recvs posted where torch's runtime posts
+        them (zerobubble.post_recvs); each action then computes and sends at once (an
+        overlapped F&B pair: F, its send in flight during B, B, its send)."""
+        inputs: dict[tuple[str, int, int], Idx] = {}
+        for kind, a in items:
+            k = (a.phase == "F", a.mb, a.chunk)
+            if kind == "recv":
+                inputs[k] = self.receive(a)
+            elif a.phase == "W":
+                self.weights(a)
+            else:
+                self.pp.send(self.ctx_of(a), a.chunk, self.compute(a, inputs.pop(k, None)))
 
     def megatron_interleaved(self, actions: list[Action]) -> None:
         """Megatron's interleaved exchange: its steps are the warm-up forwards, then (F, B)
@@ -156,10 +208,12 @@ class StepBuilder:
             waits += p.grads_reduced()
         for p in self.passes:
             waits += p.finalize_grads(ctx, waits)
+        # over the whole dp group under HSDP too, as PyTorch's clip_grad_norm_ of the 2-D
+        # mesh's DTensor gradients does
         dims = ["tp", "pp"] + (["dp"] if par.zero_stage >= 1 else [])
         norm_group = self.job.grid.group(self.rank, dims)
         params = stage_params(self.job, self.stage)
-        local = -(-params // par.dp) if par.zero_stage >= 1 else params
+        local = -(-params // par.shard_degree) if par.zero_stage >= 1 else params
         # clipping to a global norm: the squares of the local gradients summed (one read),
         # the 4-byte all-reduce, then every gradient scaled (read and write)
         squares = b.elementwise(ctx, "grad_norm", local, waits, tensors=1, flops_per_element=2)
@@ -174,6 +228,10 @@ class StepBuilder:
     def build(self) -> Program:
         par = self.job.parallel
         self.setup()
+        if par.pp_schedule_csv is not None or par.pp_schedule in SPLIT_SCHEDULES:
+            self.lowered(post_recvs(job_tables(self.job), self.job.placement)[self.stage])
+            self.step_end()
+            return self.b.program()
         actions = stage_order(par.pp_schedule, par.pp, par.num_microbatches, self.stage,
                               par.pp_virtual_stages)
         if par.pp_schedule == "interleaved" and par.pp > 1:

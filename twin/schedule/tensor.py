@@ -17,6 +17,8 @@ parameter's gradient is ready (for DDP buckets and ZeRO).
 
 from __future__ import annotations
 
+from functools import partial
+
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.passes import EMBED, LAYER, Pass, Unit
 from twin.schedule.stage import HEAD, Key
@@ -59,6 +61,10 @@ class TensorParallel(Pass):
         self.eager = not par.flash_attention
         self.rope = m.position_embedding == "rope"
         self.paradigm = "sp" if self.sp else ("tp" if self.tp > 1 else "")
+        self.moe = None  # a MoE model's expert layers (twin/schedule/moe.py), set by the step
+        self.deferred: list | None = None
+        """Split backward (I then W): the weight-gradient ops held back for the W action, as
+        (grads, name, emit); None: emitted in place."""
 
     # -- as a pass -------------------------------------------------------------------
     def run(self, unit: Unit) -> Idx:
@@ -89,7 +95,7 @@ class TensorParallel(Pass):
             return []
         ctx = ctx.at(paradigm="sp")
         norms = [(key, n) for key, n in self.tensors
-                 if key[1].startswith(("norm1.", "norm2.", "final_norm."))]
+                 if key[1].startswith(("norm1.", "norm2.", "final_norm.", "router."))]
         if self.par.sp_norm_grad_sync == "coalesced":
             return [self.b.collective(ctx, "sp.norm_grads.ar", "all_reduce", self.group, "tp",
                                       sum(n for _, n in norms) * self.b.e, waits, stream="comm.tp")]
@@ -97,6 +103,14 @@ class TensorParallel(Pass):
                                   "all_reduce", self.group, "tp", n * self.b.e, waits,
                                   stream="comm.tp")
                 for (layer, name), n in norms]
+
+    def _weight(self, grads: dict[str, int], local: str, emit: partial) -> None:
+        """A weight-gradient op (wgrad GEMM, the embedding's scatter): emitted now into
+        ``grads[local]``, or held back for the W action under a split backward."""
+        if self.deferred is None:
+            grads[local] = emit()
+        else:
+            self.deferred.append((grads, local, emit))
 
     # -- the two TP operators ------------------------------------------------------
     def _g(self, ctx: Ctx, local: str, x: Idx) -> Idx:
@@ -141,6 +155,9 @@ class TensorParallel(Pass):
         x = self._g(ctx, "ar1" if not self.sp else "rs1", x)
         x = b.elementwise(ctx, "resid1", lt * self.h, [x], tensors=3)
         x = b.elementwise(ctx, "norm2", lt * self.h, [x], tensors=2, flops_per_element=5)
+        if self.moe is not None and self.moe.is_moe(ctx.layer):
+            x = self.moe.forward(ctx, x)
+            return b.elementwise(ctx, "resid2", lt * self.h, [x], tensors=3)
         x = self._f(ctx, "ag2", x)
         if self.model.activation == "swiglu":
             g = b.gemm(ctx, "fc_gate", n, self.f, self.h, [x])
@@ -160,27 +177,37 @@ class TensorParallel(Pass):
         after which each local grad op's gradient is ready."""
         b, n, lt = self.b, self.tokens, self.local_tokens
         g = b.elementwise(ctx, "resid2.bwd", lt * self.h, [g], tensors=3)
+        if self.moe is not None and self.moe.is_moe(ctx.layer):
+            r = self.moe.backward(ctx, g, grads)
+            return self._attention_backward(ctx, r, grads, recompute_attention)
         g = self._g_bwd(ctx, "rs2.bwd" if self.sp else "ar2.bwd", g)
         d = b.gemm(ctx, "fc2.dgrad", n, self.f, self.h, [g])
-        grads["fc2.wgrad"] = b.gemm(ctx, "fc2.wgrad", self.f, self.h, n, [g])
+        self._weight(grads, "fc2.wgrad", partial(b.gemm, ctx, "fc2.wgrad", self.f, self.h, n, [g]))
         if self.model.activation == "swiglu":
             a = b.elementwise(ctx, "act.bwd", n * self.f, [d], tensors=5, flops_per_element=8)
             d1 = b.gemm(ctx, "fc_gate.dgrad", n, self.h, self.f, [a])
             d2 = b.gemm(ctx, "fc_up.dgrad", n, self.h, self.f, [a, d1])
             r = self._f_bwd(ctx, "ag2.bwd", d2)
-            grads["fc_gate.wgrad"] = b.gemm(ctx, "fc_gate.wgrad", self.h, self.f, n, [a])
-            grads["fc_up.wgrad"] = b.gemm(ctx, "fc_up.wgrad", self.h, self.f, n, [a])
+            self._weight(grads, "fc_gate.wgrad",
+                         partial(b.gemm, ctx, "fc_gate.wgrad", self.h, self.f, n, [a]))
+            self._weight(grads, "fc_up.wgrad", partial(b.gemm, ctx, "fc_up.wgrad", self.h, self.f, n, [a]))
         else:
             a = b.elementwise(ctx, "act.bwd", n * self.f, [d], tensors=3, flops_per_element=8)
             d1 = b.gemm(ctx, "fc1.dgrad", n, self.h, self.f, [a])
             r = self._f_bwd(ctx, "ag2.bwd", d1)
-            grads["fc1.wgrad"] = b.gemm(ctx, "fc1.wgrad", self.h, self.f, n, [a])
+            self._weight(grads, "fc1.wgrad", partial(b.gemm, ctx, "fc1.wgrad", self.h, self.f, n, [a]))
+        return self._attention_backward(ctx, r, grads, recompute_attention)
+
+    def _attention_backward(self, ctx: Ctx, r: Idx, grads: dict[str, int],
+                            recompute_attention: Idx) -> Idx:
+        """From the gradient ``r`` of norm2's output to the layer input's gradient."""
+        b, n, lt = self.b, self.tokens, self.local_tokens
         g = b.elementwise(ctx, "norm2.bwd", lt * self.h, [r], tensors=3, flops_per_element=8)
         grads["norm2.bwd"] = g
         g = b.elementwise(ctx, "resid1.bwd", lt * self.h, [g], tensors=3)
         g = self._g_bwd(ctx, "rs1.bwd" if self.sp else "ar1.bwd", g)
         d = b.gemm(ctx, "out_proj.dgrad", n, self.q, self.h, [g])
-        grads["out_proj.wgrad"] = b.gemm(ctx, "out_proj.wgrad", self.q, self.h, n, [g])
+        self._weight(grads, "out_proj.wgrad", partial(b.gemm, ctx, "out_proj.wgrad", self.q, self.h, n, [g]))
         # backward of attention: 2x forward; flash attention recomputes the scores (+0.5x)
         scale = 2.5 if (self.par.flash_attention and recompute_attention is None) else 2.0
         a = b.attention(ctx, "attn.bwd", self.mb, self.heads, self.kv_heads, self.model.seq_len,
@@ -190,7 +217,8 @@ class TensorParallel(Pass):
                               flops_per_element=3)
         d = b.gemm(ctx, "qkv.dgrad", n, self.h, self.q + 2 * self.kv, [a])
         r = self._f_bwd(ctx, "ag1.bwd", d)
-        grads["qkv.wgrad"] = b.gemm(ctx, "qkv.wgrad", self.h, self.q + 2 * self.kv, n, [a])
+        self._weight(grads, "qkv.wgrad",
+                     partial(b.gemm, ctx, "qkv.wgrad", self.h, self.q + 2 * self.kv, n, [a]))
         g = b.elementwise(ctx, "norm1.bwd", lt * self.h, [r], tensors=3, flops_per_element=8)
         grads["norm1.bwd"] = g
         return g
@@ -209,9 +237,9 @@ class TensorParallel(Pass):
 
     def embedding_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int]) -> int:
         g = self._g_bwd(ctx, "embed.ag.bwd", g)
-        grads["embed.bwd"] = self.b.elementwise(ctx, "embed.bwd", self.tokens * self.h, [g],
-                                                tensors=2)
-        return grads["embed.bwd"]
+        self._weight(grads, "embed.bwd", partial(self.b.elementwise, ctx, "embed.bwd",
+                                                 self.tokens * self.h, [g], tensors=2))
+        return grads.get("embed.bwd", g)  # the lookup's gradient is all weight gradient
 
     def head_forward(self, ctx: Ctx, x: Idx, *, with_loss: bool = True) -> Idx:
         """Final norm, [AG], vocab-parallel LM head, cross-entropy (3 small all-reduces)."""
@@ -237,7 +265,8 @@ class TensorParallel(Pass):
                               flops_per_element=4)
         d = b.gemm(ctx, "lm_head.dgrad", n, self.h, self.vocab, [g])
         # tied on one stage, this gradient accumulates into the embedding's (ready at embed.bwd)
-        grads["lm_head.wgrad"] = b.gemm(ctx, "lm_head.wgrad", self.h, self.vocab, n, [g])
+        self._weight(grads, "lm_head.wgrad",
+                     partial(b.gemm, ctx, "lm_head.wgrad", self.h, self.vocab, n, [g]))
         r = self._f_bwd(ctx, "head.rs.bwd" if self.sp else "head.ar.bwd", d)
         g = b.elementwise(ctx, "final_norm.bwd", self.local_tokens * self.h, [r], tensors=3,
                           flops_per_element=8)

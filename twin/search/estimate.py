@@ -125,16 +125,17 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
     p, v, e = par.pp, par.pp_virtual_stages, model.dtype_bytes
     sync = est.cost.p2p_host_sync and p > 1
     fsdp = par.zero_stage == 3 and par.dp > 1
+    shard = _shard_group(par)
     unit_bytes = shape.unit_bytes
     ag = 0.0
     lf, lb = u["layer_fwd"].time_s, u["layer_bwd"].time_s
     if fsdp:  # the next layer's gather (and this one's reduce-scatter) beside the compute
-        ag_split = comm.split(job, "all_gather", "dp")
-        ag = comm.collective_s(job, "all_gather", "dp", unit_bytes)
+        ag_split = comm.split(job, "all_gather", shard)
+        ag = comm.collective_s(job, "all_gather", shard, unit_bytes)
         lf = _beside(u["layer_fwd"], [(ag_split, unit_bytes)])
         parts = [(ag_split, unit_bytes)] if par.fsdp_reshard_after_forward else []
         if par.sync_every_microbatch:
-            parts.append((comm.split(job, "reduce_scatter", "dp"), unit_bytes))
+            parts.append((comm.split(job, "reduce_scatter", shard), unit_bytes))
         lb = _beside(u["layer_bwd"], parts)
     fs, bs = [], []
     for s in range(p):
@@ -149,7 +150,7 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
         if fsdp:  # each chunk's first gather is not hidden (again in backward when resharded);
             # the root (embedding, head) once
             root = shape.params[s] * e - n * unit_bytes
-            f += v * ag + (comm.collective_s(job, "all_gather", "dp", root) if root > 0 else 0.0)
+            f += v * ag + (comm.collective_s(job, "all_gather", shard, root) if root > 0 else 0.0)
             b += v * ag if par.fsdp_reshard_after_forward else 0.0
         if sync:  # the host issues each chunk after the exchange before it has finished
             f += v * u["layer_fwd"].first_host_s
@@ -161,6 +162,11 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
     return fs, bs, exposed
 
 
+def _shard_group(par) -> str:
+    """The group ZeRO/FSDP shards over: dp, or dp_shard under HSDP."""
+    return "dp_shard" if par.dp_replicate > 1 else "dp"
+
+
 def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: float) -> float:
     """Data-parallel gradient communication of a stage (``params`` its parameters, ``unit``
     the bytes of one layer) left after its last backward."""
@@ -170,11 +176,18 @@ def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: fl
         return 0.0
     total = params * job.model.dtype_bytes
     if par.zero_stage == 3:
-        rs_unit = comm.collective_s(job, "reduce_scatter", "dp", unit)
+        shard = _shard_group(par)
+
+        def reduce(nbytes: float) -> float:  # HSDP: the shard then all-reduced across replicas
+            t = comm.collective_s(job, "reduce_scatter", shard, nbytes)
+            if par.dp_replicate > 1:
+                t += comm.collective_s(job, "all_reduce", "dp_replicate", nbytes / par.shard_degree)
+            return t
+
+        rs_unit = reduce(unit)
         if par.sync_every_microbatch:
-            return rs_unit  # the last unit's reduce-scatter
-        rs_all = comm.collective_s(job, "reduce_scatter", "dp", total)
-        return max(rs_unit, rs_all - b)
+            return rs_unit  # the last unit's reduction
+        return max(rs_unit, reduce(total) - b)
     kind = "all_reduce" if par.zero_stage == 0 else "reduce_scatter"
     cap = par.ddp_bucket_MB * MIB
     buckets = max(1, math.ceil(total / cap))
@@ -206,13 +219,13 @@ def _tail(job: Job, est: Estimator, fs: list, bs: list, c: float, shape: Shape) 
                                                                 grid.world_size))
                  if grid.coord(r, "pp") == 0]
         nbytes = vocab_rows(model, par.tp) * model.hidden_size * e / \
-            (par.dp if par.zero_stage >= 2 else 1)
+            (par.shard_degree if par.zero_stage >= 2 else 1)
         a, b = comm.pair_affine(job, "all_reduce", pairs, "embd")
         rest += a + b * nbytes
     dims = "tp-pp" + ("-dp" if par.zero_stage >= 1 else "")
     rest += comm.collective_s(job, "all_reduce", dims, 4, role=dims)
     params = max(shape.params)
-    local = -(-params // par.dp) if par.zero_stage >= 1 else params
+    local = -(-params // par.shard_degree) if par.zero_stage >= 1 else params
     rest += sum(est.cost.compute_time(op, job.cluster.gpu) for op in step_end_ops(job, local))
     if par.zero_stage in (1, 2) and par.dp > 1:
         cap = par.ddp_bucket_MB * MIB

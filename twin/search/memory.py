@@ -67,7 +67,8 @@ def lower_bound(job: Job) -> float:
     the micro-batches in flight (parts of ``rank_memory``'s total, so a plan whose bound
     exceeds the HBM cannot fit; a cheap first cut before ``peak_memory``)."""
     par, model = job.parallel, job.model
-    states = model_state_bytes(stage_params(job, 0), par.dp, par.zero_stage, model.dtype)
+    states = model_state_bytes(stage_params(job, 0), par.shard_degree, par.zero_stage, model.dtype,
+                               par.optimizer_dtype)
     per_layer = activation_bytes_per_layer(model, par.micro_batch_size, par.tp, par.sp,
                                            par.recompute, par.flash_attention)
     acts = per_layer * len(job.layers_on_stage(0)) * inflight_microbatches(job, 0)

@@ -111,8 +111,11 @@ class Simulation:
         rv.members_left -= 1
         if rv.members_left == 0:
             del self._rv[(op.group, op.name)]
-            bundles, lats, base = self.flows.collective(op.kind, op.group, op.bytes,
-                                                        op.group_name, op.root)
+            if op.send_splits:  # an uneven all-to-all (MoE dispatch): per-peer bytes
+                bundles, lats, base = self.flows.uneven(op.group, op.name, op.bytes)
+            else:
+                bundles, lats, base = self.flows.collective(op.kind, op.group, op.bytes,
+                                                            op.group_name, op.root)
             self._next_phase(bundles, lats, 0, rv.done, self._noise(self.cost.comm_cv), base)
             if self.on_progress and len(op.group) >= 1024:
                 self.on_progress(self.ops_done)  # planning a large group takes a while: say so

@@ -60,8 +60,9 @@ the reduced run's step."""
 def period_microbatches(job: Job) -> int | None:
     """d: micro-batches per period of the steady state (None: no single steady state)."""
     p = job.parallel
-    if p.pp > 1 and p.pp_schedule == "gpipe":
-        return None
+    if p.pp > 1 and (p.pp_schedule in ("gpipe", "zb_h1", "zb_v", "dualpipev")
+                     or p.pp_schedule_csv is not None):
+        return None  # simulated whole (a CSV table cannot be cut shorter)
     return p.pp if p.pp_schedule == "interleaved" and p.pp > 1 else 1
 
 

@@ -61,6 +61,7 @@ class FlowPlanner:
         self._stride = {d: grid.rank(**{d: 1}) if grid.size(d) > 1 else 0 for d in grid.order}
         self._memo: dict[tuple, Planned] = {}
         self._fits: dict[tuple, dict | None] = {}
+        self._uneven: dict[tuple, tuple] = {}  # (group, op name) -> its memo key
         self._merged = False
 
     def prepare(self, programs) -> None:
@@ -68,9 +69,13 @@ class FlowPlanner:
         the resources no bundle tells apart (see the module docstring). Only calls planned
         here may run after it."""
         seen: set[tuple] = set()
+        rows: dict[tuple, dict[int, tuple[float, ...]]] = {}
         for rank, prog in programs.items():
             for op in prog.ops:
-                if op.is_collective:
+                if op.send_splits:  # an uneven all-to-all: planned from every member's row
+                    rows.setdefault((op.group, op.name, op.group_name, op.bytes), {})[rank] = \
+                        op.send_splits
+                elif op.is_collective:
                     key = (op.kind, op.group, op.root, op.group_name)
                     if key not in seen:
                         seen.add(key)
@@ -80,6 +85,8 @@ class FlowPlanner:
                     if pair not in seen:
                         seen.add(pair)
                         self.p2p(*pair, 0.0)
+        for (group, name, role, nbytes), by_rank in rows.items():
+            self._plan_uneven(group, name, role, nbytes, by_rank)
         sig: dict[Resource, list] = {}
         for n, plan in enumerate(self._memo.values()):
             for k, b in enumerate(plan.bundles):
@@ -108,6 +115,41 @@ class FlowPlanner:
             plan = self._memo[key] = self._fit(kind, group, bundles,
                                                 [p.latency_s for p in phases], role)
         return plan.scaled(nbytes), plan.latencies_s, plan.base_latency_s
+
+    def uneven(self, group: tuple[int, ...], name: str,
+               nbytes: float) -> tuple[list[Bundle | None], tuple[float, ...], float]:
+        """(bundles, latencies, base latency) of the uneven all-to-all ``name`` on ``group``
+        (planned by ``prepare`` from its members' send_splits)."""
+        plan = self._memo[self._uneven[(group, name)]]
+        return plan.scaled(nbytes), plan.latencies_s, plan.base_latency_s
+
+    def _plan_uneven(self, group: tuple[int, ...], name: str, role: str, nbytes: float,
+                     rows: dict[int, tuple[float, ...]]) -> None:
+        """One phase in which every member sends its send_splits[j] to member j, per op byte;
+        a resource's weight is the bytes crossing it over the largest flow's, so the phase
+        lasts as long as its most loaded resource needs (the even case: the flow count)."""
+        missing = [m for m in group if m not in rows]
+        if missing:
+            raise ValueError(f"uneven all-to-all {name} on {group}: ranks {missing} are not "
+                             "simulated (expert-parallel plans are never folded)")
+        flows = [Transfer(a, b, rows[a][j] / nbytes) for a in group
+                 for j, b in enumerate(group) if a != b and rows[a][j] > 0]
+        key = ("v", group, role, tuple(f.size_bytes for f in flows))
+        self._uneven[(group, name)] = key
+        if key in self._memo:
+            return
+        bundle = None
+        if flows:
+            weights: dict[Resource, float] = {}
+            amount = max(f.size_bytes for f in flows)
+            for src, dst, size in flows:
+                for r in self.topo.route(src, dst):
+                    weights[r] = weights.get(r, 0.0) + size / amount
+            res = tuple(weights)
+            bundle = Bundle(res, tuple(weights[r] for r in res), amount,
+                            tuple(self.topo.byte_cost(r) for r in res))
+        lat = max(self.topo.alpha(group[0], m) for m in group)
+        self._memo[key] = self._fit("all_to_all", group, [bundle], [lat], role)
 
     def p2p(self, src: int, dst: int, nbytes: float) -> tuple[Bundle | None, float]:
         """(bundle, latency before it) of one send/recv from ``src`` to ``dst``."""

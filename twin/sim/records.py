@@ -10,6 +10,7 @@ import simpy
 
 from twin.sim.topology import Resource
 from twin.spec import ConfigError, Job
+from twin.spec.experts import has_expert_groups
 
 RendezvousKey = tuple[tuple[int, ...], str]
 """A collective's rendezvous: (its group's ranks, the op's name)."""
@@ -60,6 +61,10 @@ def folded_axes(job: Job, fold: str) -> tuple[str, ...]:
     if fold not in FOLD_AXES:
         raise ConfigError(f"fold={fold!r} is not one of {'|'.join([*FOLD_AXES, 'auto'])}")
     dims = FOLD_AXES[fold]
+    if dims and has_expert_groups(job.model, job.parallel):
+        raise ConfigError(f"fold={fold} cannot fold a plan with expert parallelism (ep="
+                          f"{job.parallel.ep}, etp={job.parallel.expert_tp}): its ranks send "
+                          "and compute different token counts; use fold=none or auto")
     if job.parallel.legacy_dp and "dp" in dims:
         raise ConfigError(f"fold={fold} cannot fold legacy DP: device 0 differs from the "
                           "others; use fold=none (or fold=tp)")
@@ -82,6 +87,8 @@ def exact_axes(job: Job, algorithm: str = "auto") -> tuple[str, ...]:
     and, inside a node, a step moves whole NIC blocks (or stays inside one). Legacy DP's
     device 0 differs from the other replicas: never folded."""
     grid, c = job.grid, job.cluster
+    if has_expert_groups(job.model, job.parallel):
+        return ()  # expert groups borrow ranks across axes: a copy meets other traffic
     gpn = c.gpus_per_node
     per_nic = max(1, gpn // max(1, c.inter.nics_per_node))
 

@@ -79,8 +79,7 @@ def estimate_work(job: Job, fold: str = "none", steps: int = 1) -> WorkEstimate:
     fold_of = {d: (grid.size(d) if d in axes else 1) for d in ("dp", "tp")}
     simulated = grid.world_size // (fold_of["dp"] * fold_of["tp"])
     m = p.num_microbatches
-    layers = max(sum(job.stage_layers[c] for c in range(s, p.num_stages, p.pp))
-                 for s in range(p.pp))
+    layers = max(len(job.layers_on_stage(s)) for s in range(p.pp))
     syncs = m if p.sync_every_microbatch else 1
     per_layer = (3 if p.zero_stage == 3 else 6) * syncs + (6 if p.zero_stage in (1, 2) else 0)
     dp_colls = 0 if grid.size("dp") == 1 else layers * per_layer

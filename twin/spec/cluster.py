@@ -18,7 +18,8 @@ class GPUSpec:
     name: str = "gpu"
     """Marketing name, e.g. H100-SXM5-80GB."""
     peak_tflops: dict[str, float] = field(default_factory=dict)
-    """Dense peak TFLOP/s per dtype (bf16, fp16, fp32): the denominator of MFU."""
+    """Dense peak TFLOP/s per dtype (bf16, fp16, fp32; fp8 and mxfp8 where the tensor cores
+    have them): the denominator of MFU."""
     hbm_GB: float = 80.0
     """Device memory in GB (1e9 bytes)."""
     hbm_bw_GBps: float = 2000.0
@@ -95,7 +96,8 @@ class ClusterSpec:
             problems.append("cluster.gpu.peak_tflops is empty; give at least one dtype, "
                             "e.g. {bf16: 989}")
         for dtype, tflops in self.gpu.peak_tflops.items():
-            check_choice(problems, "cluster.gpu.peak_tflops key", dtype, ("bf16", "fp16", "fp32"))
+            check_choice(problems, "cluster.gpu.peak_tflops key", dtype,
+                         ("bf16", "fp16", "fp32", "fp8", "mxfp8"))
             check_positive(problems, f"cluster.gpu.peak_tflops.{dtype}", tflops)
         check_positive(problems, "cluster.gpu.hbm_GB", self.gpu.hbm_GB)
         check_positive(problems, "cluster.gpu.hbm_bw_GBps", self.gpu.hbm_bw_GBps)

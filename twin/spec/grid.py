@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 DIMS = ("tp", "cp", "pp", "dp")
+HSDP_DIMS = ("dp_shard", "dp_replicate")
+"""The two parts of the dp axis under HSDP: dp_shard its inner dp_shard coordinates (a shard
+group), dp_replicate the ranks at the same place in every shard group (torchtitan's mesh
+("dp_replicate", "dp_shard", "cp", "tp"), outermost first)."""
 
 
 @dataclass(frozen=True)
@@ -25,16 +29,22 @@ class RankGrid:
     """Axis sizes, in the same order."""
     gpus_per_node: int
     """Ranks per node: rank r lives on node r // gpus_per_node."""
+    dp_shard: int | None = None
+    """HSDP: the size of a shard group (it divides dp); None: the whole dp axis."""
 
     @classmethod
     def build(cls, *, dp: int, tp: int, pp: int, cp: int = 1,
-              order: Sequence[str] = DIMS, gpus_per_node: int = 8) -> RankGrid:
+              order: Sequence[str] = DIMS, gpus_per_node: int = 8,
+              dp_shard: int | None = None) -> RankGrid:
         """A grid with the given degrees, axes in ``order`` (innermost first)."""
         size = {"dp": dp, "tp": tp, "pp": pp, "cp": cp}
         order = tuple(order)
         if sorted(order) != sorted(DIMS):
             raise ValueError(f"rank order {order} must name each of {DIMS} once")
-        return cls(order=order, sizes=tuple(size[d] for d in order), gpus_per_node=gpus_per_node)
+        if dp_shard is not None and (dp_shard < 1 or dp % dp_shard):
+            raise ValueError(f"dp_shard={dp_shard} must divide dp={dp}")
+        return cls(order=order, sizes=tuple(size[d] for d in order), gpus_per_node=gpus_per_node,
+                   dp_shard=dp_shard)
 
     @cached_property
     def _size(self) -> dict[str, int]:
@@ -89,15 +99,52 @@ class RankGrid:
         rank in its group is its group rank.
         """
         dims = _dims(dims)
+        hsdp = [d for d in dims if d in HSDP_DIMS]
+        if hsdp:  # the group over dp, less the members in other parts of the dp axis
+            dims = tuple(dict.fromkeys("dp" if d in HSDP_DIMS else d for d in dims))
+            mine = self._dp_part(rank, hsdp)
         base = rank - sum(self.coord(rank, d) * self._stride[d] for d in dims)
         members = [base]
         for d in sorted(dims, key=self.order.index):
             stride = self._stride[d]
             members = [m + i * stride for i in range(self._size[d]) for m in members]
+        if hsdp:
+            members = [m for m in members if self._dp_part(m, hsdp) == mine]
         return tuple(members)
+
+    def _dp_part(self, rank: int, hsdp: list[str]) -> int:
+        """What the members of ``rank``'s dp_shard (or dp_replicate) group share: the shard
+        group's index (or the place within a shard group)."""
+        if len(hsdp) > 1:
+            raise ValueError("a group over both dp_shard and dp_replicate is the dp group: use 'dp'")
+        shard = self.dp_shard or self._size["dp"]
+        d = self.coord(rank, "dp")
+        return d // shard if hsdp[0] == "dp_shard" else d % shard
+
+    def mover(self, source: int, target: int):
+        """The map that moves any rank by ``target``'s offset from ``source`` on the grid:
+        each coordinate shifted modulo its axis (under HSDP the dp axis's shard-group index
+        and place within it each modulo their own size, so groups map onto groups)."""
+        s, t = self.coords(source), self.coords(target)
+        shard = self.dp_shard or self._size["dp"]
+        sr, ss = divmod(s["dp"], shard)
+        tr, ts = divmod(t["dp"], shard)
+        reps = self._size["dp"] // shard
+        delta = {d: t[d] - s[d] for d in self.order if d != "dp"}
+
+        def move(m: int) -> int:
+            c = self.coords(m)
+            rep, sh = divmod(c["dp"], shard)
+            out = {d: (c[d] + delta[d]) % self._size[d] for d in delta}
+            out["dp"] = ((rep + tr - sr) % reps) * shard + (sh + ts - ss) % shard
+            return self.rank(**out)
+
+        return move
 
     def group_rank(self, rank: int, dims: str | Iterable[str]) -> int:
         """Index of ``rank`` within its group over ``dims``."""
+        if any(d in HSDP_DIMS for d in _dims(dims)):
+            return self.group(rank, dims).index(rank)
         idx, mult = 0, 1
         for d in sorted(_dims(dims), key=self.order.index):
             idx += self.coord(rank, d) * mult
@@ -108,8 +155,9 @@ class RankGrid:
         """Every group over ``dims``, each once, ordered by its lowest rank."""
         dims = _dims(dims)
         seen, out = set(), []
+        axes = {"dp" if d in HSDP_DIMS else d for d in dims}
         for r in range(self.world_size):
-            if any(self.coord(r, d) for d in dims):
+            if any(self.coord(r, d) for d in axes) and not set(dims) & set(HSDP_DIMS):
                 continue
             if r not in seen:
                 g = self.group(r, dims)
@@ -147,6 +195,6 @@ class RankGrid:
 def _dims(dims: str | Iterable[str]) -> tuple[str, ...]:
     out = tuple(dims.split("-")) if isinstance(dims, str) else tuple(dims)
     for d in out:
-        if d not in DIMS:
-            raise ValueError(f"unknown axis {d!r}; axes are {DIMS}")
+        if d not in DIMS and d not in HSDP_DIMS:
+            raise ValueError(f"unknown axis {d!r}; axes are {DIMS} (and {HSDP_DIMS} under HSDP)")
     return out

@@ -8,9 +8,13 @@ from functools import cached_property
 
 from twin.spec.cluster import ClusterSpec
 from twin.spec.errors import ConfigError, raise_if
+from twin.spec.experts import expert_problems
 from twin.spec.grid import RankGrid
 from twin.spec.model import ModelSpec, _divisors
 from twin.spec.parallel import ParallelPlan
+
+FLOAT8_PEAK = {"tensorwise": "fp8", "rowwise": "fp8", "mxfp8": "mxfp8"}
+"""parallel.float8 -> the dtype of its GEMMs (a cluster.gpu.peak_tflops key)."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,14 @@ class Job:
         """The rank grid (the only place groups are computed)."""
         p = self.parallel
         return RankGrid.build(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, order=p.rank_dims,
-                              gpus_per_node=self.cluster.gpus_per_node)
+                              gpus_per_node=self.cluster.gpus_per_node,
+                              dp_shard=p.shard_degree if p.dp_replicate > 1 else None)
+
+    @property
+    def peak_dtype(self) -> str:
+        """The dtype whose peak MFU is taken against: the FP8 GEMMs' under parallel.float8,
+        else the model's."""
+        return FLOAT8_PEAK.get(self.parallel.float8) or self.model.dtype
 
     @cached_property
     def stage_layers(self) -> tuple[int, ...]:
@@ -37,9 +48,28 @@ class Job:
             return tuple(p.pp_stage_layers)
         return (self.model.num_layers // n,) * n
 
+    @cached_property
+    def placement(self) -> tuple[int, ...]:
+        """Pipeline rank of each model chunk: Megatron's c % pp, the V of zb_v and dualpipev
+        (twin.schedule.pipeline.chunk_stage), or where the pp_schedule_csv table runs it."""
+        from twin.schedule.pipeline import chunk_stage, placement_style
+
+        p = self.parallel
+        if p.pp_schedule_csv is not None:
+            from twin.schedule.torchcsv import load_table
+
+            return load_table(p.pp_schedule_csv, p.pp, p.num_stages).placement
+        style = placement_style(p.pp_schedule)
+        return tuple(chunk_stage(c, p.pp, style) for c in range(p.num_stages))
+
     def chunk_stage(self, chunk: int) -> int:
-        """Pipeline rank that holds model chunk ``chunk`` (Megatron: chunk c on stage c % pp)."""
-        return chunk % self.parallel.pp
+        """Pipeline rank that holds model chunk ``chunk`` (see ``placement``)."""
+        return self.placement[chunk]
+
+    @property
+    def head_stage(self) -> int:
+        """Pipeline rank of the last chunk (final norm, LM head, loss): pp - 1, or 0 in a V."""
+        return self.placement[-1]
 
     def layers_on_stage(self, stage: int) -> tuple[int, ...]:
         """Global layer indices held by pipeline rank ``stage`` (all its chunks)."""
@@ -47,8 +77,9 @@ class Job:
         for n in self.stage_layers:
             starts.append(starts[-1] + n)
         out: list[int] = []
-        for chunk in range(stage, self.parallel.num_stages, self.parallel.pp):
-            out.extend(range(starts[chunk], starts[chunk + 1]))
+        for chunk, holder in enumerate(self.placement):
+            if holder == stage:
+                out.extend(range(starts[chunk], starts[chunk + 1]))
         return tuple(out)
 
 
@@ -107,6 +138,16 @@ def build_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelPlan) ->
         problems.append(f"parallel.legacy_dp=true drives all devices from one process, so dp={dp} "
                         f"must fit on one node of {cluster.gpus_per_node} GPUs; use DDP "
                         "(legacy_dp=false) across nodes")
+    problems += expert_problems(m, p, dp)  # MoE: ep, etp and their groups
+    peak8 = FLOAT8_PEAK.get(p.float8)
+    if peak8 and peak8 not in cluster.gpu.peak_tflops:
+        problems.append(f"parallel.float8={p.float8} needs FP8 tensor cores but "
+                        f"{cluster.gpu.name} has no {peak8} peak (cluster.gpu.peak_tflops: "
+                        f"{', '.join(cluster.gpu.peak_tflops)}); set parallel.float8=none or add "
+                        f"cluster.gpu.peak_tflops.{peak8}")
+    if peak8 and m.dtype != "bf16":
+        problems.append(f"parallel.float8={p.float8} trains in bf16 around its FP8 GEMMs (torchao) "
+                        f"but model.dtype={m.dtype}; set model.dtype=bf16")
     if m.dtype not in cluster.gpu.peak_tflops:
         problems.append(f"model.dtype={m.dtype} has no entry in cluster.gpu.peak_tflops "
                         f"({', '.join(cluster.gpu.peak_tflops)}); add one or change the dtype")
@@ -116,6 +157,19 @@ def build_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelPlan) ->
         gbs = p.micro_batch_size * dp * (4 * p.pp if p.pp > 1 else 1)
     try:
         resolved = dataclasses.replace(p, dp=dp, global_batch_size=gbs)
+        if resolved.dp_replicate > 1:
+            resolved = dataclasses.replace(resolved, dp_shard=resolved.shard_degree)
     except ConfigError as err:
         raise ConfigError(err.problems) from None
-    return Job(model=model, cluster=cluster, parallel=resolved)
+    job = Job(model=model, cluster=cluster, parallel=resolved)
+    if resolved.pp_schedule_csv is not None:  # read and checked once, here: one line if bad
+        from twin.schedule.torchcsv import load_table
+
+        table = load_table(resolved.pp_schedule_csv, resolved.pp, resolved.num_stages)
+        if table.microbatches != resolved.num_microbatches:
+            raise ConfigError(f"parallel.pp_schedule_csv={resolved.pp_schedule_csv} runs "
+                              f"{table.microbatches} micro-batches but the plan has "
+                              f"{resolved.num_microbatches} (global_batch_size / "
+                              "(micro_batch_size * dp)); set parallel.global_batch_size="
+                              f"{table.microbatches * resolved.micro_batch_size * dp}")
+    return job

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twin.spec.errors import check_choice, raise_if
+from twin.spec.moe import MoESpec
 
 ACTIVATIONS = ("gelu", "swiglu")
 DTYPES = ("bf16", "fp16", "fp32")
@@ -53,6 +54,11 @@ class ModelSpec:
     """learned (an s x h table) or rope (no parameters); None: from activation."""
     dropout: bool | None = None
     """Dropout after attention, MLP and embedding (its masks are stored); None: from activation."""
+    kv_channels: int | None = None
+    """Width d of one attention head (Megatron's --kv-channels, HF's head_dim) when it is not
+    hidden_size / num_heads (Qwen3: 128 with h=2048, a=32); None: h / a."""
+    moe: MoESpec | None = None
+    """Mixture-of-experts layers (twin/spec/moe.py); None: a dense model."""
 
     def __post_init__(self) -> None:
         gpt = self.activation == "gelu"
@@ -64,6 +70,8 @@ class ModelSpec:
         ):
             if getattr(self, field) is None:
                 object.__setattr__(self, field, default)
+        if isinstance(self.moe, dict):  # from a schedule file or a run directory
+            object.__setattr__(self, "moe", MoESpec(**self.moe))
         problems: list[str] = []
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
                       "ffn_hidden_size", "vocab_size", "seq_len"):
@@ -75,8 +83,15 @@ class ModelSpec:
         check_choice(problems, "model.norm", self.norm, NORMS)
         check_choice(problems, "model.position_embedding", self.position_embedding,
                      POSITION_EMBEDDINGS)
+        kvc = self.kv_channels
+        if kvc is not None and (isinstance(kvc, bool) or not isinstance(kvc, int) or kvc <= 0):
+            problems.append(f"model.kv_channels={kvc!r} must be a positive integer or null")
+        if self.moe is not None and self.moe.first_k_dense >= self.num_layers:
+            problems.append(f"model.moe.first_k_dense={self.moe.first_k_dense} leaves no MoE "
+                            f"layer of model.num_layers={self.num_layers}; use fewer dense "
+                            "layers or model.moe=null")
         raise_if(problems)
-        if self.hidden_size % self.num_heads:
+        if self.kv_channels is None and self.hidden_size % self.num_heads:
             problems.append(
                 f"model.num_heads={self.num_heads} does not divide "
                 f"model.hidden_size={self.hidden_size}; use a divisor such as "
@@ -90,8 +105,8 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        """d = h / a."""
-        return self.hidden_size // self.num_heads
+        """d = h / a, or kv_channels when given."""
+        return self.kv_channels or self.hidden_size // self.num_heads
 
     @property
     def kv_dim(self) -> int:

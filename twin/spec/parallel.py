@@ -7,13 +7,17 @@ from dataclasses import dataclass
 
 from twin.spec.errors import check_choice, raise_if
 
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1", "zb_v", "dualpipev")
+V_SCHEDULES = ("zb_v", "dualpipev")  # two chunks per rank, in a V
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 RANK_DIMS = ("tp", "cp", "pp", "dp")
 GRAD_SYNC = ("default", "last", "every")
 SP_NORM_GRAD_SYNC = ("none", "per_tensor", "coalesced")
 OPTIMIZER_KERNELS = ("fused", "foreach")
+FLOAT8 = ("none", "tensorwise", "rowwise", "mxfp8")
+OPTIMIZER_DTYPES = ("fp32", "bf16")
+OPTIMIZER_STATE_BYTES = {"fp32": 4, "bf16": 2}
 
 
 class ConfigWarning(UserWarning):
@@ -39,8 +43,21 @@ class ParallelPlan:
     """Context parallelism (reserved: must be 1)."""
     sp: bool = False
     """Megatron sequence parallelism (needs tp > 1)."""
+    ep: int = 1
+    """Expert parallelism (MoE models): routed experts split over ep ranks, tokens exchanged
+    by all-to-all; the ranks are borrowed from each stage's tp * cp * dp (twin/spec/experts.py)."""
+    etp: int | None = None
+    """Expert tensor parallelism: each expert's inner size split over etp ranks; None: tp
+    (Megatron's default for expert_tensor_parallel_size)."""
     zero_stage: int = 0
     """0: replicated (DDP); 1: shard optimizer; 2: + gradients; 3: + parameters (FSDP)."""
+    dp_replicate: int = 1
+    """HSDP (FSDP2 on a 2-D mesh, zero_stage=3): replicas of the sharded model; each shards
+    over dp_shard ranks and the reduce-scattered gradients are all-reduced across replicas.
+    1: no HSDP (FSDP shards over all dp ranks)."""
+    dp_shard: int | None = None
+    """HSDP: ranks one replica shards over (dp = dp_replicate * dp_shard); None: dp /
+    dp_replicate (build_job resolves it)."""
     fsdp_reshard_after_forward: bool = True
     """ZeRO-3/FSDP: free gathered parameters after forward and gather again for backward."""
     micro_batch_size: int = 1
@@ -48,7 +65,12 @@ class ParallelPlan:
     global_batch_size: int | None = None
     """Sequences per optimizer step B; None: see the class docstring."""
     pp_schedule: str = "1f1b"
-    """gpipe, 1f1b, or interleaved (1F1B with pp_virtual_stages chunks per rank)."""
+    """gpipe, 1f1b, interleaved (1F1B with pp_virtual_stages chunks per rank), zb_h1 (1F1B
+    with the backward split into input and weight gradients, Qi et al. 2023), zb_v or
+    dualpipev (two chunks per rank in a V: set pp_virtual_stages=2)."""
+    pp_schedule_csv: str | None = None
+    """A per-rank action table in torch.distributed.pipelining's CSV format (``0F0,0I0,0W0``,
+    one row per pipeline rank) to run instead of pp_schedule's."""
     pp_virtual_stages: int = 1
     """Model chunks per pipeline rank v (interleaved only)."""
     recompute: str = "none"
@@ -78,13 +100,27 @@ class ParallelPlan:
     FusedAdam in Megatron, ``fused=True`` in PyTorch) or foreach (PyTorch's default AdamW,
     ``foreach`` or its per-tensor loop: one pass per arithmetic step, about 2.3x the bytes)."""
 
+    float8: str = "none"
+    """FP8 training of the transformer layers' linear GEMMs (torchao's Float8Linear, as
+    torchtitan's ``model.converters=float8``): none; tensorwise or rowwise dynamic scaling
+    (Hopper: the GPU's fp8 peak); mxfp8 (Blackwell: its mxfp8 peak). Each FP8 GEMM casts its
+    operands first; the LM head, attention and the rest stay in the model dtype, and MFU is
+    then taken against the FP8 peak."""
+
+    optimizer_dtype: str = "fp32"
+    """Adam's momentum and variance: fp32 (PyTorch's and Megatron's default) or bf16."""
+
     def __post_init__(self) -> None:
         if self.pp_stage_layers is not None:
             object.__setattr__(self, "pp_stage_layers", tuple(self.pp_stage_layers))
         problems: list[str] = []
         for name in ("tp", "pp", "micro_batch_size", "pp_virtual_stages"):
             _check_int(problems, name, getattr(self, name))
-        for name in ("dp", "global_batch_size"):
+        _check_int(problems, "dp_replicate", self.dp_replicate)
+        _check_int(problems, "ep", self.ep)
+        if self.etp is not None:
+            _check_int(problems, "etp", self.etp)
+        for name in ("dp", "global_batch_size", "dp_shard"):
             if getattr(self, name) is not None:
                 _check_int(problems, name, getattr(self, name))
         check_choice(problems, "parallel.zero_stage", self.zero_stage, ZERO_STAGES)
@@ -95,6 +131,8 @@ class ParallelPlan:
                      SP_NORM_GRAD_SYNC)
         check_choice(problems, "parallel.optimizer_kernels", self.optimizer_kernels,
                      OPTIMIZER_KERNELS)
+        check_choice(problems, "parallel.float8", self.float8, FLOAT8)
+        check_choice(problems, "parallel.optimizer_dtype", self.optimizer_dtype, OPTIMIZER_DTYPES)
         if self.cp != 1:
             problems.append(f"parallel.cp={self.cp!r} is reserved and must be 1 "
                             "(context parallelism is not modelled yet)")
@@ -117,10 +155,20 @@ class ParallelPlan:
                 problems.append(f"parallel.pp_schedule=interleaved needs parallel."
                                 f"pp_virtual_stages >= 2, got {self.pp_virtual_stages}; "
                                 "set it to 2 or more (or use pp_schedule=1f1b)")
-        elif self.pp_virtual_stages != 1:
+        elif self.pp_schedule in V_SCHEDULES and self.pp_schedule_csv is None:
+            if self.pp_virtual_stages != 2:
+                problems.append(f"parallel.pp_schedule={self.pp_schedule} needs exactly 2 chunks "
+                                f"per rank, got pp_virtual_stages={self.pp_virtual_stages}; set "
+                                "parallel.pp_virtual_stages=2")
+        elif self.pp_virtual_stages != 1 and self.pp_schedule_csv is None:
             problems.append(f"parallel.pp_virtual_stages={self.pp_virtual_stages} needs "
                             f"pp_schedule=interleaved (got {self.pp_schedule}); set "
                             "parallel.pp_virtual_stages=1 or pp_schedule=interleaved")
+        if self.zero_stage == 3 and (self.pp_schedule in ("zb_h1",) + V_SCHEDULES
+                                     or self.pp_schedule_csv is not None):
+            problems.append(f"parallel.zero_stage=3 with a split-backward pipeline "
+                            f"({self.pp_schedule_csv or self.pp_schedule}) is not modelled; use "
+                            "zero_stage 0, 1 or 2, or pp_schedule=1f1b")
         if self.legacy_dp and (self.tp != 1 or self.pp != 1 or self.zero_stage != 0):
             problems.append(f"parallel.legacy_dp=true (nn.DataParallel) works with tp=1, pp=1, "
                             f"zero_stage=0 only, got tp={self.tp}, pp={self.pp}, "
@@ -135,6 +183,7 @@ class ParallelPlan:
             problems.append(f"parallel.pp_stage_layers={list(self.pp_stage_layers)} must hold "
                             "positive integers")
         raise_if(problems)
+        self._check_hsdp(problems)
         if self.dp is not None and self.global_batch_size is not None:
             self._check_batch(problems)
         raise_if(problems)
@@ -142,6 +191,25 @@ class ParallelPlan:
             warnings.warn(f"parallel.zero_stage={self.zero_stage} with dp=1 shards over a "
                           "single rank and saves nothing; use zero_stage=0 or dp > 1",
                           ConfigWarning, stacklevel=3)
+
+    def _check_hsdp(self, problems: list[str]) -> None:
+        hsdp = self.dp_replicate > 1 or (self.dp_shard is not None and self.dp_shard != self.dp)
+        if not hsdp:
+            return
+        if self.zero_stage != 3 or self.legacy_dp:
+            problems.append(f"parallel.dp_replicate={self.dp_replicate} (HSDP) shards with "
+                            f"FSDP but zero_stage={self.zero_stage}; set parallel.zero_stage=3 "
+                            "or parallel.dp_replicate=1")
+        elif self.dp is not None and self.dp % self.dp_replicate:
+            problems.append(f"parallel.dp_replicate={self.dp_replicate} does not divide "
+                            f"dp={self.dp}; use one of "
+                            f"{', '.join(str(d) for d in range(1, self.dp + 1) if self.dp % d == 0)}")
+        elif self.dp is not None and self.dp_shard is not None \
+                and self.dp_replicate * self.dp_shard != self.dp:
+            problems.append(f"parallel.dp_replicate * dp_shard = {self.dp_replicate} * "
+                            f"{self.dp_shard} = {self.dp_replicate * self.dp_shard} but "
+                            f"dp={self.dp}; set parallel.dp_shard={self.dp // self.dp_replicate}"
+                            " or null")
 
     def _check_batch(self, problems: list[str]) -> None:
         per_step = self.micro_batch_size * self.dp
@@ -167,6 +235,12 @@ class ParallelPlan:
                 f"per step, got {m} (global_batch_size={self.global_batch_size} / "
                 f"(micro_batch_size={self.micro_batch_size} * dp={self.dp})); set "
                 f"parallel.global_batch_size={self.pp * per_step} or more")
+        elif self.pp_schedule == "dualpipev" and self.pp_schedule_csv is None \
+                and m < 2 * self.pp:
+            problems.append(
+                f"pp_schedule=dualpipev needs at least 2 * pp = {2 * self.pp} micro-batches per "
+                f"step (torch's ScheduleDualPipeV: as many as stages), got {m}; set "
+                f"parallel.global_batch_size={2 * self.pp * per_step} or more")
         elif self.pp_schedule == "interleaved" and self.pp > 1 and m % self.pp:
             problems.append(
                 f"pp_schedule=interleaved needs the micro-batches per step ({m}) to be a "
@@ -191,6 +265,18 @@ class ParallelPlan:
         if self.grad_sync == "default":
             return self.zero_stage >= 2
         return self.grad_sync == "every"
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks a ZeRO/FSDP shard is split over: dp_shard under HSDP, else dp."""
+        if self.dp is None:
+            raise ValueError("shard_degree needs dp resolved (use twin.spec.build_job)")
+        return self.dp // self.dp_replicate if self.dp_shard is None else self.dp_shard
+
+    @property
+    def expert_tp(self) -> int:
+        """etp resolved: the expert tensor-parallel degree (tp when etp is None)."""
+        return self.tp if self.etp is None else self.etp
 
     @property
     def num_stages(self) -> int:

@@ -14,6 +14,8 @@ what the rank itself sends with ring algorithms: 2(n-1)/n * S for all-reduce,
   (embedding, head) is gathered once per micro-batch. (Under PP with several
   micro-batches in flight, units not resharded after forward can stay gathered from
   one micro-batch's forward to the next: the schedule then gathers less.)
+- HSDP: ZeRO-3's traffic over the dp_shard group, plus an all-reduce of each reduce-scattered
+  shard (Psi / dp_shard) over the dp_replicate group.
 - TP: per layer and micro-batch two all-reduces of b*s*h forward and two backward
   (Narayanan §3.2); with SP the same bytes as all-gathers and reduce-scatters
   (Korthikanti §4.2.2); full recompute repeats the forward two.
@@ -66,8 +68,9 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
     psi_bytes = stage_params(job, stage) * e
     out: dict[str, GroupTraffic] = {}
 
+    hsdp = par.dp_replicate > 1
     if par.dp > 1:
-        dp = GroupTraffic("dp", par.dp)
+        dp = GroupTraffic("dp_shard", par.shard_degree) if hsdp else GroupTraffic("dp", par.dp)
         syncs = m if par.sync_every_microbatch else 1
         if par.legacy_dp:
             tokens = par.micro_batch_size * model.seq_len
@@ -90,7 +93,10 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
             gathers = 2 if par.fsdp_reshard_after_forward else 1
             dp.add("all_gather", m, gathers * (psi_bytes - root_bytes) + root_bytes)
             dp.add("reduce_scatter", syncs, psi_bytes)
-        out["dp"] = dp
+        out[dp.name] = dp
+        if hsdp:
+            rep = out["dp_replicate"] = GroupTraffic("dp_replicate", par.dp_replicate)
+            rep.add("all_reduce", syncs, psi_bytes / par.shard_degree)
 
     bsh = par.micro_batch_size * model.seq_len * model.hidden_size * e
     if par.tp > 1:
@@ -108,7 +114,7 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
                 tp.add("all_gather", m, bsh)
             else:
                 tp.add("all_reduce", m, bsh)
-        if stage == par.pp - 1:  # LM head input: gathered (SP) forward, reduced backward
+        if stage == job.head_stage:  # LM head input: gathered (SP) forward, reduced backward
             if par.sp:
                 tp.add("all_gather", m, bsh)
                 tp.add("reduce_scatter", m, bsh)
@@ -119,7 +125,7 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
         if par.sp and par.sp_norm_grad_sync != "none":
             # the norm weights' partial gradients (each rank saw s/t of the sequence)
             norms = len(job.layers_on_stage(stage)) * 2 * norm_params(model) + \
-                (norm_params(model) if stage == par.pp - 1 else 0)
+                (norm_params(model) if stage == job.head_stage else 0)
             calls = 1 if par.sp_norm_grad_sync == "coalesced" else \
                 norms // model.hidden_size
             tp.add("all_reduce", calls, norms * e / calls)
@@ -128,16 +134,17 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
     if par.pp > 1:
         pp = GroupTraffic("pp", par.pp)
         msg = bsh / (par.tp if par.sp else 1)
-        v = par.pp_virtual_stages
-        fwd_sends = v - (1 if stage == par.pp - 1 else 0)
-        bwd_sends = v - (1 if stage == 0 else 0)
-        pp.add("send", m * (fwd_sends + bwd_sends), msg)
+        where = job.placement  # a chunk sends to its neighbours on other ranks (not a V's turn)
+        sends = sum((c + 1 < len(where) and where[c + 1] != stage) + (c > 0 and where[c - 1] != stage)
+                    for c, s in enumerate(where) if s == stage)
+        pp.add("send", m * sends, msg)
         out["pp"] = pp
-        if model.tie_embeddings and stage in (0, par.pp - 1):
+        ends = (where[0], job.head_stage)
+        if model.tie_embeddings and ends[0] != ends[1] and stage in ends:
             # Megatron keeps the tied embedding on the first and last stage and
             # all-reduces its gradient between the two once per step.
             embd = GroupTraffic("embd", 2)
-            shard = par.dp if par.zero_stage >= 2 else 1  # gradients already sharded over dp
+            shard = par.shard_degree if par.zero_stage >= 2 else 1  # gradients sharded over dp
             embd.add("all_reduce", 1, vocab_rows(model, par.tp) * model.hidden_size * e / shard)
             out["embd"] = embd
     return out

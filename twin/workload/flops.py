@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twin.spec import ModelSpec
+from twin.workload.moe import moe_mlp_forward_flops
 from twin.workload.params import kv_heads_per_rank, vocab_rows
 
 
@@ -89,6 +90,10 @@ def model_flops_per_step(model: ModelSpec, global_batch: int) -> int:
     tokens = global_batch * model.seq_len
     fwd = model.num_layers * layer_forward_flops(model, global_batch) + \
         lm_head_gemm(model, tokens).flops
+    if model.moe is not None:  # a MoE layer's MLP is its router and the experts a token visits
+        dense_mlp = sum(g.flops for g in layer_gemms(model, tokens) if g.name.startswith("fc"))
+        fwd += len(model.moe.moe_layers(model.num_layers)) * (
+            moe_mlp_forward_flops(model, tokens) - dense_mlp)
     return 3 * fwd
 
 

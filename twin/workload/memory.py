@@ -24,7 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from twin.spec import ClusterSpec, Job, ModelSpec
+from twin.spec.parallel import OPTIMIZER_STATE_BYTES
 from twin.workload.comm import step_traffic
+from twin.workload.moememory import moe_memory_delta
 from twin.workload.params import (
     embedding_tensors,
     kv_heads_per_rank,
@@ -87,9 +89,12 @@ class Memory:
         return out
 
 
-def model_state_bytes(psi: float, dp: int, zero_stage: int, dtype: str = "bf16") -> Memory:
-    """Params, grads and optimizer states of Psi parameters on one of Nd = dp ranks (ZeRO §5)."""
+def model_state_bytes(psi: float, dp: int, zero_stage: int, dtype: str = "bf16",
+                      optimizer_dtype: str = "fp32") -> Memory:
+    """Params, grads and optimizer states of Psi parameters on one of Nd = dp ranks (ZeRO §5);
+    with bf16 momentum and variance the optimizer holds 4 B less per parameter."""
     p, g, o = (b * psi for b in STATE_BYTES[dtype])
+    o -= 2 * (4 - OPTIMIZER_STATE_BYTES[optimizer_dtype]) * psi
     return Memory(params=p / dp if zero_stage >= 3 else p,
                   grads=g / dp if zero_stage >= 2 else g,
                   optimizer=o / dp if zero_stage >= 1 else o)
@@ -149,11 +154,15 @@ def inflight_microbatches(job: Job, stage: int) -> float:
 
     GPipe: all m; 1F1B: min(m, p - i) (Narayanan §2.2.1); interleaved: Megatron's
     warm-up 2(p - i - 1) + (v - 1)p plus one, in chunks of 1/v of the stage, which on
-    stage 0 gives Korthikanti's p(1 + (p-1)/(p v)). Without pipelining, one.
+    stage 0 gives Korthikanti's p(1 + (p-1)/(p v)). Without pipelining, one. Split-backward
+    and CSV tables: walked on the table (twin.schedule.tables.inflight).
     """
     p, m, v = job.parallel.pp, job.parallel.num_microbatches, job.parallel.pp_virtual_stages
     if p == 1:
         return 1.0
+    from twin.schedule.tables import inflight
+    if (walked := inflight(job, stage)) is not None:
+        return walked[0]
     if job.parallel.pp_schedule == "gpipe":
         return float(m)
     if job.parallel.pp_schedule == "1f1b":
@@ -191,7 +200,8 @@ def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
     e = model.dtype_bytes
     if par.legacy_dp:
         return _legacy_dp_memory(job, rank, psi, recompute)
-    states = model_state_bytes(psi, par.dp, par.zero_stage, model.dtype)
+    states = model_state_bytes(psi, par.shard_degree, par.zero_stage, model.dtype,
+                               par.optimizer_dtype)
     b, s = par.micro_batch_size, model.seq_len
     per_layer = activation_bytes_per_layer(model, b, par.tp, par.sp, recompute,
                                            par.flash_attention)
@@ -201,10 +211,12 @@ def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
     sp_div = par.tp if par.sp else 1
     if stage == 0 and model.dropout:
         acts += s * b * model.hidden_size / sp_div * max(1.0, inflight)  # embedding dropout mask
-    if stage == par.pp - 1:
+    if stage == job.head_stage:
         # final norm input, LM head input, fp32 logits (Korthikanti §4.3): one micro-batch
-        # in flight on the last stage, except under GPipe (all m)
+        # in flight on the last stage, except under GPipe (all m) and tables walked
         head_inflight = par.num_microbatches if par.pp > 1 and par.pp_schedule == "gpipe" else 1
+        from twin.schedule.tables import inflight
+        head_inflight = (inflight(job, stage) or (0, head_inflight))[1] if par.pp > 1 else 1
         acts += head_inflight * (2 * e * s * b * model.hidden_size / sp_div
                                  + 4 * s * b * vocab_rows(model, par.tp))
     buffers = 0.0
@@ -221,8 +233,11 @@ def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
         buffers = (2 * root + gathered + unit) * e
         if not par.sync_every_microbatch and par.num_microbatches > 1:
             buffers = (root + gathered) * e + (root + n_layers * unit) * FSDP_REDUCE_BYTES
-    return Memory(params=states.params, grads=states.grads, optimizer=states.optimizer,
-                  activations=acts, buffers=buffers)
+    moe = moe_memory_delta(job, rank, recompute, inflight_microbatches(job, stage),
+                           model_state_bytes)  # MoE layers' experts, routed activations
+    return Memory(params=states.params + moe["params"], grads=states.grads + moe["grads"],
+                  optimizer=states.optimizer + moe["optimizer"],
+                  activations=acts + moe["activations"], buffers=buffers + moe["buffers"])
 
 
 def _legacy_dp_memory(job: Job, rank: int, psi: int, recompute: str) -> Memory:
@@ -347,7 +362,7 @@ def temporary_bytes(job: Job, rank: int, recompute: str | None = None) -> float:
     b = par.micro_batch_size
     tp, sp = (1, False) if par.legacy_dp else (par.tp, par.sp)
     out = layer_temporary_bytes(model, b, tp, sp, recompute, par.flash_attention)
-    if job.grid.coord(rank, "pp") == par.pp - 1:
+    if job.grid.coord(rank, "pp") == job.head_stage:
         out = max(out, loss_temporary_bytes(model, b, tp))
     return out
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from twin.spec import Job, ModelSpec
+from twin.spec import Job, ModelSpec, ParallelPlan
 
 
 def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
@@ -35,13 +35,18 @@ class Tensor(NamedTuple):
     grad_op: str  # local name of the backward op after which its gradient is ready
 
 
-def layer_tensors(model: ModelSpec, tp: int = 1) -> list[Tensor]:
+def layer_tensors(model: ModelSpec, tp: int = 1, layer: int | None = None) -> list[Tensor]:
     """One layer's parameter tensors on one TP rank, in registration order.
 
     Weights: Q h*(a*d)/t, K and V h*(kv_local*d) each, O (a*d)/t*h, MLP (2 or 3)
     matrices h*f/t. Biases (GPT style): QKV and FC1 split, O and FC2 replicated.
     With t=1, kv=a, f=4h, biases and LayerNorm: 12h^2 + 13h (Narayanan et al. 2021, Eq. 2).
+    A MoE layer (``layer`` given and ``model.moe.is_moe_layer(layer)``) holds instead of the
+    MLP its router (h x E, replicated over TP) and its shared experts as one TP-split MLP of
+    s * f_e; its routed experts are ``expert_tensors`` (sharded by EP and ETP, not TP).
     """
+    if model.moe is not None and layer is not None and model.moe.is_moe_layer(layer):
+        return _moe_layer_tensors(model, tp)
     h, d, f = model.hidden_size, model.head_dim, model.ffn_hidden_size
     q = model.num_heads // tp * d
     kv = kv_heads_per_rank(model, tp) * d
@@ -69,6 +74,59 @@ def layer_tensors(model: ModelSpec, tp: int = 1) -> list[Tensor]:
     return ts
 
 
+def _moe_layer_tensors(model: ModelSpec, tp: int) -> list[Tensor]:
+    """A MoE layer on one TP rank: attention and norms as dense, the router, shared experts
+    (one TP-split MLP of s * f_e: column-parallel gate/up or fc1, row-parallel fc2)."""
+    moe = model.moe
+    ts = [t for t in layer_tensors(model, tp) if t.block != "mlp"]
+    ts.append(Tensor("router.weight", moe.num_experts * model.hidden_size, "mlp",
+                     "router.wgrad"))
+    if moe.shared_experts:
+        h, fs, bias = model.hidden_size, moe.shared_ffn_hidden_size // tp, model.bias
+        ins = ("fc_gate", "fc_up") if model.activation == "swiglu" else ("fc1",)
+        for name, fan_in, fan_out in [(n, h, fs) for n in ins] + [("fc2", fs, h)]:
+            ts.append(Tensor(f"shared.{name}.weight", fan_in * fan_out, "mlp",
+                             f"shared.{name}.wgrad"))
+            if bias:
+                ts.append(Tensor(f"shared.{name}.bias", fan_out if name != "fc2" else h, "mlp",
+                                 f"shared.{name}.wgrad"))
+    return ts
+
+
+def expert_tensors(model: ModelSpec, ep: int = 1, etp: int = 1) -> list[Tensor]:
+    """One MoE layer's routed experts on one rank: E/ep experts, each's inner size split by
+    etp, stacked per matrix as Megatron's grouped experts hold them: fc1 (E/ep, h, m f_e/etp)
+    column-parallel (gate and up fused for SwiGLU: m = 2), fc2 (E/ep, f_e/etp, h)
+    row-parallel (its bias, like a row-parallel bias, whole on every ETP rank)."""
+    moe = model.moe
+    n, h, fe = moe.num_experts // ep, model.hidden_size, moe.moe_ffn_hidden_size // etp
+    m = 2 if model.activation == "swiglu" else 1
+    ts = [Tensor("experts.fc1", n * h * m * fe, "experts", "experts.fc1.wgrad")]
+    if model.bias:
+        ts.append(Tensor("experts.fc1.bias", n * m * fe, "experts", "experts.fc1.wgrad"))
+    ts.append(Tensor("experts.fc2", n * fe * h, "experts", "experts.fc2.wgrad"))
+    if model.bias:
+        ts.append(Tensor("experts.fc2.bias", n * h, "experts", "experts.fc2.wgrad"))
+    return ts
+
+
+def synced_layer_tensors(model: ModelSpec, par: ParallelPlan, layer: int) -> list[Tensor]:
+    """A layer's tensors on one rank that the dense data-parallel pass reduces (and ZeRO/FSDP
+    shards): ``layer_tensors``, plus a MoE layer's routed experts when they live on the dense
+    groups (ep=1, etp=tp: expert-data-parallel = DP); else their own pass reduces them over
+    the expert-data-parallel group (twin/schedule/moe.py)."""
+    ts = layer_tensors(model, par.tp, layer)
+    if model.moe is not None and model.moe.is_moe_layer(layer) and par.ep == 1 \
+            and par.expert_tp == par.tp:
+        ts += expert_tensors(model, 1, par.tp)
+    return ts
+
+
+def expert_params(model: ModelSpec, ep: int = 1, etp: int = 1) -> int:
+    """Routed-expert parameters of one MoE layer on one rank (sum of ``expert_tensors``)."""
+    return sum(t.numel for t in expert_tensors(model, ep, etp)) if model.moe else 0
+
+
 @dataclass(frozen=True)
 class LayerParams:
     """Parameters of one transformer layer held by one TP rank."""
@@ -82,10 +140,11 @@ class LayerParams:
         return self.attention + self.mlp + self.norms
 
 
-def layer_params(model: ModelSpec, tp: int = 1) -> LayerParams:
-    """One layer's parameters on one TP rank, by block (sums of ``layer_tensors``)."""
+def layer_params(model: ModelSpec, tp: int = 1, layer: int | None = None) -> LayerParams:
+    """One layer's parameters on one TP rank, by block (sums of ``layer_tensors``; a MoE
+    layer's routed experts are not in it: ``expert_params``)."""
     by = {"attention": 0, "mlp": 0, "norms": 0}
-    for t in layer_tensors(model, tp):
+    for t in layer_tensors(model, tp, layer):
         by[t.block] += t.numel
     return LayerParams(**by)
 
@@ -136,17 +195,41 @@ def head_params(model: ModelSpec, tp: int = 1, *, holds_copy: bool = False) -> i
 
 
 def model_params(model: ModelSpec) -> int:
-    """Unique parameters of the whole model."""
+    """Unique parameters of the whole model (every expert of a MoE model)."""
+    if model.moe is not None:
+        return sum(layer_params(model, 1, i).total for i in range(model.num_layers)) + \
+            len(model.moe.moe_layers(model.num_layers)) * expert_params(model) + \
+            embedding_params(model) + head_params(model)
     return (model.num_layers * layer_params(model).total + embedding_params(model)
             + head_params(model))
 
 
+def active_params(model: ModelSpec) -> int:
+    """Parameters one token passes through: all but the routed experts it does not visit,
+    embedding and head counted whole (Mixtral's 12.9B, Jiang et al. 2024, §2, counts so).
+    A dense model's are all of them."""
+    if model.moe is None:
+        return model_params(model)
+    moe = model.moe
+    idle = (moe.num_experts - moe.experts_per_token) * expert_params(model) // moe.num_experts
+    return model_params(model) - len(moe.moe_layers(model.num_layers)) * idle
+
+
 def stage_params(job: Job, stage: int) -> int:
-    """Parameters on one rank of pipeline stage ``stage`` (TP-sharded, not DP-sharded)."""
-    model, tp, pp = job.model, job.parallel.tp, job.parallel.pp
-    n = len(job.layers_on_stage(stage)) * layer_params(model, tp).total
-    if stage == 0:
+    """Parameters on one rank of pipeline stage ``stage`` (TP-sharded, routed experts
+    EP x ETP-sharded, not DP-sharded)."""
+    model, tp = job.model, job.parallel.tp
+    if model.moe is not None:
+        par = job.parallel
+        ep, etp = par.ep, par.expert_tp
+        layers = job.layers_on_stage(stage)
+        n = sum(layer_params(model, tp, i).total for i in layers) + \
+            sum(model.moe.is_moe_layer(i) for i in layers) * expert_params(model, ep, etp)
+    else:
+        n = len(job.layers_on_stage(stage)) * layer_params(model, tp).total
+    embed_stage, head_stage = job.chunk_stage(0), job.head_stage  # Job.placement
+    if stage == embed_stage:
         n += embedding_params(model, tp)
-    if stage == pp - 1:
-        n += head_params(model, tp, holds_copy=pp > 1 and model.tie_embeddings)
+    if stage == head_stage:
+        n += head_params(model, tp, holds_copy=head_stage != embed_stage and model.tie_embeddings)
     return n

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from twin.spec import Job
-from twin.workload.comm import step_traffic
 from twin.workload.flops import (
     layer_forward_flops,
     lm_head_gemm,
@@ -11,7 +10,8 @@ from twin.workload.flops import (
     recompute_forward_flops,
 )
 from twin.workload.memory import rank_memory
-from twin.workload.params import kv_replicas, model_params, stage_params
+from twin.workload.moerank import moe_flops_delta, moe_step_traffic
+from twin.workload.params import active_params, kv_replicas, model_params, stage_params
 
 RUNTIME = ("workspace", "comm_buffers", "cuda_context")
 """Memory categories of the CUDA runtime and libraries, shown as one column."""
@@ -33,9 +33,9 @@ def rank_flops_per_step(job: Job, rank: int) -> float:
     per_layer = 3 * layer_forward_flops(model, b, par.tp) + recompute_forward_flops(
         model, b, par.tp, par.recompute, par.flash_attention)
     flops = len(job.layers_on_stage(stage)) * per_layer
-    if stage == par.pp - 1:
+    if stage == job.head_stage:
         flops += 3 * lm_head_gemm(model, b * model.seq_len, par.tp).flops
-    return flops * par.num_microbatches
+    return flops * par.num_microbatches + moe_flops_delta(job, rank)
 
 
 def inspect_job(job: Job) -> dict:
@@ -58,7 +58,7 @@ def inspect_job(job: Job) -> dict:
             "fits_memory": mem.total <= hbm,
             "headroom_bytes": hbm - mem.total,
             "flops_per_step": rank_flops_per_step(job, rank),
-            "groups": {k: g.as_dict() for k, g in step_traffic(job, rank).items()},
+            "groups": {k: g.as_dict() for k, g in moe_step_traffic(job, rank).items()},
         })
     return {
         "model": model.name,
@@ -68,6 +68,7 @@ def inspect_job(job: Job) -> dict:
         "num_nodes": cluster.num_nodes,
         "plan": {"dp": par.dp, "tp": par.tp, "pp": par.pp, "sp": par.sp,
                  "zero_stage": par.zero_stage, "legacy_dp": par.legacy_dp,
+                 "dp_replicate": par.dp_replicate, "dp_shard": par.shard_degree,
                  "pp_schedule": par.pp_schedule if par.pp > 1 else None,
                  "pp_virtual_stages": par.pp_virtual_stages, "recompute": par.recompute,
                  "flash_attention": par.flash_attention,
@@ -75,6 +76,7 @@ def inspect_job(job: Job) -> dict:
                  "global_batch_size": par.global_batch_size,
                  "num_microbatches": par.num_microbatches},
         "params_total": model_params(model),
+        "params_active": active_params(model),
         "tokens_per_step": par.global_batch_size * model.seq_len,
         "flops_per_step": model_flops_per_step(model, par.global_batch_size),
         "hardware_flops_per_step": sum(
@@ -115,7 +117,10 @@ def format_inspect(rep: dict) -> str:
         f"recompute={p['recompute']}, {'flash' if p['flash_attention'] else 'eager'} attention",
         f"batch: {p['global_batch_size']} sequences = {p['num_microbatches']} micro-batch(es) of "
         f"{p['micro_batch_size']} per DP rank; {_si(rep['tokens_per_step'])} tokens/step",
-        f"params: {_si(rep['params_total'])}   model FLOPs/step: "
+        f"params: {_si(rep['params_total'])}"
+        + (f" ({_si(rep['params_active'])} active)"
+           if rep.get("params_active", rep["params_total"]) != rep["params_total"] else "")
+        + "   model FLOPs/step: "
         f"{_si(rep['flops_per_step'], 'FLOP')}   hardware FLOPs/step: "
         f"{_si(rep['hardware_flops_per_step'], 'FLOP')}"
         + (f"   KV heads replicated x{rep['kv_replicas']} under TP"

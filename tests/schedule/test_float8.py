@@ -1,0 +1,106 @@
+"""FP8 training (torchao Float8Linear as torchtitan converts it) and the optimizer's state dtype.
+
+Closed forms: a transformer layer's linear GEMMs run at the GPU's FP8 peak with 1-byte
+operands, each after a cast of its two operands (an amax read and a cast: 2e + 1 bytes per
+element); the LM head and attention stay in the model dtype; MFU is taken against the FP8
+peak; Adam's momentum and variance in bf16 hold 4 + 2 + 2 bytes per parameter, not 12.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.conftest import cluster, gpt
+from twin.cost import CostModel
+from twin.metrics import throughput
+from twin.schedule.builder import build_schedule
+from twin.schedule.check import check_schedule
+from twin.spec import ConfigError, GPUSpec, ParallelPlan, build_job
+from twin.workload.memory import rank_memory
+
+H100 = GPUSpec(name="H100", peak_tflops={"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0})
+LINEARS = {"qkv", "out_proj", "fc1", "fc2"}
+
+
+def _job(float8="tensorwise", gpu=H100, **plan):
+    base = dict(float8=float8, global_batch_size=8)
+    base.update(plan)
+    return build_job(gpt(), dataclasses.replace(cluster(), gpu=gpu), ParallelPlan(**base))
+
+
+def _base(name: str) -> str:
+    return name.split("/")[-1].split(".")[0]
+
+
+def test_linear_gemms_run_in_fp8_after_casting_their_operands():
+    prog = build_schedule(_job()).program(0)
+    bf16 = build_schedule(_job("none")).program(0)
+    gemms = [op for op in prog.ops if op.kind == "gemm"]
+    assert len(gemms) == sum(op.kind == "gemm" for op in bf16.ops)
+    ops = {op.name: op for op in prog.ops}
+    fp8 = [op for op in gemms if _base(op.name) in LINEARS]
+    assert fp8 and all(op.dtype == "fp8" for op in fp8)
+    assert all(op.dtype == "bf16" for op in gemms if _base(op.name) not in LINEARS)  # lm_head
+    assert all(op.dtype == "bf16" for op in prog.ops if op.kind == "attention")
+    for op in fp8:
+        m, n, k = op.shape
+        assert op.bytes == m * k + k * n + 2 * m * n  # fp8 operands, bf16 output
+        assert op.flops == 2 * m * n * k
+        cast = ops[op.name + ".fp8_cast"]
+        assert cast.kind == "elementwise" and cast.bytes == (2 * 2 + 1) * (m * k + k * n)
+        assert any(prog.ops[d].name == cast.name for d in op.deps)
+    assert check_schedule(build_schedule(_job(tp=2, sp=True)).programs())["ops"] > 0
+
+
+def test_fp8_gemm_time_at_the_fp8_peak():
+    prog = build_schedule(_job()).program(0)
+    ref = build_schedule(_job("none")).program(0)
+    cost = dataclasses.replace(CostModel(), gemm=dataclasses.replace(CostModel().gemm, tile=0,
+                                                                     half_flops=0.0,
+                                                                     launch_us=0.0))
+    fc1 = next(op for op in prog.ops if op.name.endswith("fc1") and op.phase == "fwd")
+    fc1_ref = next(op for op in ref.ops if op.name == fc1.name)
+    eff = cost.gemm.efficiency
+    assert cost.compute_time(fc1, H100) == pytest.approx(
+        max(fc1.flops / (1979e12 * eff), fc1.bytes / (H100.hbm_bw_GBps * 1e9 * cost.gemm.mem_efficiency)))
+    assert cost.compute_time(fc1_ref, H100) >= cost.compute_time(fc1, H100)
+
+
+def test_mfu_is_against_the_fp8_peak():
+    job, ref = _job(), _job("none")
+    _, tflops, mfu = throughput(job, 1.0)
+    _, _, mfu_ref = throughput(ref, 1.0)
+    assert job.peak_dtype == "fp8" and ref.peak_dtype == "bf16"
+    assert mfu == pytest.approx(tflops / 1979.0) and mfu_ref == pytest.approx(tflops / 989.0)
+
+
+@pytest.mark.parametrize("float8, gpu, words", [
+    ("tensorwise", GPUSpec(name="A100", peak_tflops={"bf16": 312.0}), "A100 has no fp8 peak"),
+    ("mxfp8", H100, "H100 has no mxfp8 peak"),
+    ("e4m3", H100, "parallel.float8='e4m3' is not one of"),
+])
+def test_float8_without_the_hardware_says_so(float8, gpu, words):
+    with pytest.raises(ConfigError, match=words):
+        _job(float8, gpu)
+
+
+def test_bf16_optimizer_states_hold_eight_bytes_per_parameter():
+    fp32 = rank_memory(_job("none"), 0)
+    bf16 = rank_memory(_job("none", optimizer_dtype="bf16"), 0)
+    assert bf16.optimizer == pytest.approx(fp32.optimizer * 8 / 12)
+    adam = next(op for op in build_schedule(_job("none", optimizer_dtype="bf16")).program(0).ops
+                if op.kind == "optimizer")
+    adam32 = next(op for op in build_schedule(_job("none")).program(0).ops if op.kind == "optimizer")
+    # fused Adam: master r/w 8 B, momentum and variance r/w 2 x 2 x 2 B (not 2 x 2 x 4), 2e B
+    assert adam.bytes / adam.shape[0] == 8 + 8 + 4 and adam32.bytes / adam32.shape[0] == 24 + 4
+
+
+def test_mxfp8_on_a_blackwell_preset():
+    from tests.schedule.helpers import preset_job
+
+    job = preset_job("fsdp", "llama3_8b", "dgx_b200", 8, "parallel.float8=mxfp8",
+                     "model.num_layers=2")
+    gemms = {op.dtype for op in build_schedule(job).program(0).ops if op.kind == "gemm"}
+    assert gemms == {"mxfp8", "bf16"} and job.peak_dtype == "mxfp8"

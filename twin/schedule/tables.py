@@ -1,0 +1,38 @@
+"""A job's pipeline tables: a named schedule's (pipeline.py, zerobubble.py) or a CSV file's."""
+
+from __future__ import annotations
+
+from twin.schedule import zerobubble
+from twin.schedule.pipeline import SPLIT_SCHEDULES, Action, peak_in_flight, stage_order
+from twin.schedule.torchcsv import load_table
+from twin.spec import Job
+
+
+def stage_table(schedule: str, p: int, m: int, stage: int, v: int = 1) -> list[Action]:
+    """The action table of one stage for any named schedule (``ParallelPlan.pp_schedule``)."""
+    if schedule in SPLIT_SCHEDULES:
+        return getattr(zerobubble, schedule)(p, m, stage)
+    return stage_order(schedule, p, m, stage, v)
+
+
+def job_tables(job: Job) -> list[list[Action]]:
+    """Every pipeline rank's table: the pp_schedule_csv file's, or pp_schedule's."""
+    par = job.parallel
+    if par.pp_schedule_csv is not None:
+        return load_table(par.pp_schedule_csv, par.pp, par.num_stages).orders
+    return [stage_table(par.pp_schedule, par.pp, par.num_microbatches, s, par.pp_virtual_stages)
+            for s in range(par.pp)]
+
+
+def inflight(job: Job, stage: int) -> tuple[float, int] | None:
+    """(micro-batches of the stage's whole layer count, head micro-batches) whose
+    activations the stage holds at its peak, walked on its table (pipeline.peak_in_flight:
+    a forward adds a chunk, its B or W releases it); None for gpipe, 1f1b and interleaved
+    (closed forms in twin.workload.memory)."""
+    par = job.parallel
+    if par.pp_schedule_csv is None and par.pp_schedule not in SPLIT_SCHEDULES:
+        return None
+    order = job_tables(job)[stage]
+    last = job.parallel.num_stages - 1
+    return (peak_in_flight(order) / job.parallel.pp_virtual_stages,
+            peak_in_flight([a for a in order if a.chunk == last]))
