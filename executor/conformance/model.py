@@ -36,6 +36,9 @@ def check_model(spec: ModelSpec) -> None:
     if spec.dtype != "fp32":
         problems.append(f"model.dtype={spec.dtype}: conformance compares losses to 1e-5 and runs "
                         "on CPU, so it trains in fp32; set model.dtype=fp32")
+    if spec.moe is not None:
+        problems.append(f"conformance trains dense models; model {spec.name} has experts "
+                        "(model.moe); use a dense model such as model=tiny")
     if spec.head_dim % 2:
         problems.append(f"head_dim={spec.head_dim} is odd; RoPE rotates pairs, so make "
                         "hidden_size / num_heads even")

@@ -39,3 +39,28 @@ def test_full_recompute_keeps_only_the_layer_input():
     j = job(ep=4, recompute="full")
     dense = dataclasses.replace(j, model=dataclasses.replace(j.model, moe=None))
     assert rank_memory(j, 0).activations == rank_memory(dense, 0).activations
+
+
+def test_the_schedule_shards_expert_states_and_steps_over_expert_dp():
+    from twin.schedule.builder import build_schedule
+
+    j = job(ep=2, zero_stage=1)  # dp=4, edp=2
+    experts = 3 * expert_params(j.model, 2, 1)
+    dense = stage_params(j, 0) - experts
+    ops = build_schedule(j).program(0).ops
+    adam = next(op for op in ops if op.kind == "optimizer")
+    assert adam.shape[0] == -(-dense // 4) + experts // 2
+    alloc = next(op for op in ops if op.name == "setup/alloc.model.optimizer")
+    assert alloc.bytes == pytest.approx(rank_memory(j, 0).optimizer)
+
+
+@pytest.mark.parametrize("skew", [0.0, 0.5])
+def test_the_schedule_holds_the_activations_the_memory_model_counts(skew):
+    from twin.schedule.builder import build_schedule
+    from twin.schedule.check import memory_peak
+
+    j = job(moe_model(shared_experts=1, routing="skewed" if skew else "uniform",
+                      routing_skew=skew), ep=4)
+    for rank in range(4):  # skewed: each rank keeps what it received
+        _, cats = memory_peak(build_schedule(j).program(rank))
+        assert cats["activations"] == rank_memory(j, rank).activations

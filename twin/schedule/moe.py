@@ -31,6 +31,7 @@ from twin.schedule.stage import StageLayout
 from twin.spec import Job
 from twin.spec.experts import expert_grid
 from twin.workload.moe import Traffic, traffic
+from twin.workload.moememory import layer_activation_delta
 from twin.workload.params import expert_tensors
 
 STREAM = "comm.ep"
@@ -46,7 +47,7 @@ class MoELayers:
 
     def __init__(self, out: ProgramBuilder, job: Job, rank: int, tp):
         self.b, self.tp = out, tp
-        model, par = job.model, job.parallel
+        self.model, self.par = model, par = job.model, job.parallel
         self.moe = moe = model.moe
         grid = expert_grid(job.grid, par)
         self.ep, self.etp = par.ep, par.expert_tp
@@ -76,6 +77,14 @@ class MoELayers:
                deps: list[Idx]) -> None:
         """A weight-gradient GEMM, through the TP pass (held back under a split backward)."""
         self.tp._weight(grads, local, partial(self.b.gemm, ctx, local, m, n, k, deps))
+
+    def activation_delta(self, layer: int, policy: str) -> float:
+        """Bytes a MoE layer keeps for backward beyond a dense layer's, per micro-batch
+        (twin/workload/moememory.py); 0 for a dense layer of a MoE model."""
+        if not self.is_moe(layer):
+            return 0.0
+        rows = self.expert_tokens(self.traffic(layer))
+        return layer_activation_delta(self.model, self.par, policy, rows)
 
     # -- collectives ---------------------------------------------------------------
     def _a2a(self, ctx: Ctx, local: str, send: tuple[int, ...], recv: tuple[int, ...],
@@ -112,7 +121,7 @@ class MoELayers:
     def forward(self, ctx: Ctx, x: Idx) -> Idx:
         """The MoE MLP on the output ``x`` of norm2; returns the op producing its output."""
         b, moe, n, h = self.b, self.moe, self.n, self.h
-        k, e = moe.experts_per_token, moe.num_experts
+        e = moe.num_experts
         t = self.traffic(ctx.layer)
         r = self.expert_tokens(t)
         shared = self._shared_forward(ctx, x)
@@ -120,7 +129,7 @@ class MoELayers:
         g = b.elementwise(ctx, "router.topk", n * e, [g], tensors=2, flops_per_element=5)
         if moe.router_aux_loss:
             g = b.elementwise(ctx, "router.aux", n * e, [g], tensors=1, flops_per_element=2)
-        p = b.elementwise(ctx, "moe.permute", n * k * h, [g, x], tensors=2, flops_per_element=0)
+        p = b.elementwise(ctx, "moe.permute", t.sent * h, [g, x], tensors=2, flops_per_element=0)
         p = self._a2a(ctx, "moe.dispatch", t.send, t.recv, t.sent, p)
         p = self._etp(ctx, "moe.ag", "all_gather", r, p)
         y = b.gemm(ctx, "experts.fc1", r, self.m * self.fe, h, [p])
@@ -129,7 +138,7 @@ class MoELayers:
         y = b.gemm(ctx, "experts.fc2", r, h, self.fe, [y])
         y = self._etp(ctx, "moe.rs", "reduce_scatter", r, y)
         y = self._a2a(ctx, "moe.combine", t.recv, t.send, t.sent, y)
-        y = b.elementwise(ctx, "moe.unpermute", n * k * h, [y], tensors=2, flops_per_element=2)
+        y = b.elementwise(ctx, "moe.unpermute", t.sent * h, [y], tensors=2, flops_per_element=2)
         y = self._etp(ctx, "moe.ar", "all_reduce", n, y)
         if shared is None:
             return y
@@ -157,11 +166,11 @@ class MoELayers:
         """The MoE MLP's backward from the gradient ``g`` of its output; returns the op
         producing the gradient of norm2's output. Fills ``grads`` (router, experts, shared)."""
         b, moe, n, h = self.b, self.moe, self.n, self.h
-        k, e = moe.experts_per_token, moe.num_experts
+        e = moe.num_experts
         t = self.traffic(ctx.layer)
         r = self.expert_tokens(t)
         shared = self._shared_backward(ctx, g, grads)
-        d = b.elementwise(ctx, "moe.unpermute.bwd", n * k * h, [g], tensors=2,
+        d = b.elementwise(ctx, "moe.unpermute.bwd", t.sent * h, [g], tensors=2,
                           flops_per_element=2)
         d = self._a2a(ctx, "moe.combine.bwd", t.send, t.recv, t.sent, d)
         d = self._etp(ctx, "moe.rs.bwd", "all_gather", r, d)
@@ -173,7 +182,7 @@ class MoELayers:
         self._wgrad(ctx, grads, "experts.fc1.wgrad", h, self.m * self.fe, r, [a])
         d = self._etp(ctx, "moe.ag.bwd", "reduce_scatter", r, d)
         d = self._a2a(ctx, "moe.dispatch.bwd", t.recv, t.send, t.sent, d)
-        d = b.elementwise(ctx, "moe.permute.bwd", n * k * h, [d], tensors=2, flops_per_element=1)
+        d = b.elementwise(ctx, "moe.permute.bwd", t.sent * h, [d], tensors=2, flops_per_element=1)
         if self.replicated:  # the experts saw replicated tokens: partial input gradients
             d = self.tp._f_bwd(ctx, "moe.ar.bwd", d)
         s = d

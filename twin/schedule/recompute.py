@@ -60,11 +60,15 @@ class Recompute(Pass):
         self.head_bytes = head_activation_bytes(model, par, out.e)
         self.embed_bytes = embedding_dropout_bytes(model, par)
 
+    def _moe(self, layer: int, policy: str) -> float:
+        """A MoE layer's routed activations beyond a dense layer's (0 for a dense model)."""
+        return 0.0 if self.tp.moe is None else self.tp.moe.activation_delta(layer, policy)
+
     def _buffer(self, unit: Unit) -> tuple[str, float] | None:
         """The unit's kept activations: (buffer name, bytes), or None."""
         mb = unit.ctx.mb
         if unit.kind == LAYER:
-            return f"act.L{unit.key}.mb{mb}", self.layer_bytes
+            return f"act.L{unit.key}.mb{mb}", self.layer_bytes + self._moe(unit.key, self.policy)
         if unit.kind == EMBED:
             return (f"act.embed.mb{mb}", self.embed_bytes) if self.dropout else None
         return f"act.head.mb{mb}", self.head_bytes
@@ -81,7 +85,7 @@ class Recompute(Pass):
         rctx = unit.ctx.at(phase="recompute")
         if self.policy == "full":
             self.b.alloc(rctx, f"ract.L{unit.key}.mb{rctx.mb}", "activations",
-                         self.full_layer_bytes)
+                         self.full_layer_bytes + self._moe(unit.key, "none"))
             unit.x = self.tp.layer_forward(rctx, [unit.x, unit.deps])
         elif self.policy == "selective":
             unit.recompute_attention = self.tp.attention_recompute(rctx, [unit.x, unit.deps])
@@ -95,4 +99,4 @@ class Recompute(Pass):
             self.b.free(unit.ctx, buf[0], "activations", buf[1], [unit.out])
         if unit.kind == LAYER and self.policy == "full":
             self.b.free(unit.ctx, f"ract.L{unit.key}.mb{unit.ctx.mb}", "activations",
-                        self.full_layer_bytes, [unit.out])
+                        self.full_layer_bytes + self._moe(unit.key, "none"), [unit.out])

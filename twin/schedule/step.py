@@ -36,6 +36,7 @@ from twin.schedule.tensor import apply_tp
 from twin.schedule.zerobubble import post_recvs
 from twin.spec import Job
 from twin.workload.memory import model_state_bytes
+from twin.workload.moememory import expert_state_delta, optimizer_params
 from twin.workload.params import stage_params
 
 
@@ -78,9 +79,10 @@ class StepBuilder:
         par = self.job.parallel
         states = model_state_bytes(stage_params(self.job, self.stage), par.shard_degree,
                                    par.zero_stage, self.job.model.dtype, par.optimizer_dtype)
+        experts = expert_state_delta(self.job, self.stage, model_state_bytes)  # 0 if dense
         ctx = Ctx("setup")
         for cat in ("params", "grads", "optimizer"):
-            self.b.alloc(ctx, f"model.{cat}", cat, getattr(states, cat))
+            self.b.alloc(ctx, f"model.{cat}", cat, getattr(states, cat) + experts[cat])
 
     # -- the units of a chunk ---------------------------------------------------------
     def units(self, ctx: Ctx, chunk: int) -> Iterator[Unit]:
@@ -212,8 +214,7 @@ class StepBuilder:
         # mesh's DTensor gradients does
         dims = ["tp", "pp"] + (["dp"] if par.zero_stage >= 1 else [])
         norm_group = self.job.grid.group(self.rank, dims)
-        params = stage_params(self.job, self.stage)
-        local = -(-params // par.shard_degree) if par.zero_stage >= 1 else params
+        local = optimizer_params(self.job, self.stage)  # (MoE: experts' share over edp)
         # clipping to a global norm: the squares of the local gradients summed (one read),
         # the 4-byte all-reduce, then every gradient scaled (read and write)
         squares = b.elementwise(ctx, "grad_norm", local, waits, tensors=1, flops_per_element=2)

@@ -11,7 +11,9 @@ With an even split only three stages can hold the peak: the first (embedding), t
 those hold the same parameters, transients and communicators, and the micro-batches in
 flight never grow with the stage index (GPipe m; 1F1B min(m, p - i); interleaved
 Megatron's warm-up, decreasing in i), so neither do their activations nor the
-allocator's reserve. An uneven split (``pp_stage_layers``) checks every stage.
+allocator's reserve. An uneven split (``pp_stage_layers``) and the split-backward tables
+(ZB-H1, ZB-V, DualPipeV, CSV: in flight walked on the table, the V's head on rank 0)
+check every stage.
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ class Peak:
 
 def peak_stages(job: Job) -> list[int]:
     """The pipeline stages whose first rank can hold the plan's peak (module docstring)."""
-    p = job.parallel.pp
-    if job.parallel.pp_stage_layers is not None:
+    p, par = job.parallel.pp, job.parallel
+    if par.pp_stage_layers is not None or par.pp_schedule in ("zb_h1", "zb_v", "dualpipev") \
+            or par.pp_schedule_csv is not None:  # tables walked: no monotone in-flight count
         return list(range(p))
     return sorted({0, min(1, p - 1), p - 1})
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from twin.spec import ClusterSpec, ConfigError, ConfigWarning, ModelSpec, ParallelPlan
-from twin.spec.parallel import PP_SCHEDULES, RECOMPUTE, ZERO_STAGES
+from twin.spec.parallel import PP_SCHEDULES, RECOMPUTE, V_SCHEDULES, ZERO_STAGES
 
 AXES = ("tp", "cp", "pp", "dp")
 """The rank grid's axes in the default order (innermost first)."""
@@ -145,6 +145,10 @@ def _schedules(space: SearchSpace, model: ModelSpec, pp: int, m: int) -> list[tu
         return [("1f1b", 1)] if plain else []
     out = []
     for sched in _choices(space, "pp_schedule", PP_SCHEDULES):
+        if sched in V_SCHEDULES:  # two chunks per rank; DualPipeV needs m >= 2 pp
+            if model.num_layers % (2 * pp) == 0 and (sched == "zb_v" or m >= 2 * pp):
+                out.append((sched, 2))
+            continue
         if sched != "interleaved":
             out.append((sched, 1))
             continue
@@ -181,6 +185,8 @@ def memory_plans(model: ModelSpec, gpus: int, space: SearchSpace) -> Iterator[Pa
                 for sched, v in _schedules(space, model, pp, per_dp // mb):
                     for sp, zero, rec in itertools.product(
                             sps, zeros, _choices(space, "recompute", RECOMPUTE)):
+                        if zero == 3 and sched in ("zb_h1",) + V_SCHEDULES:
+                            continue  # ZeRO-3 with a split backward is not modelled
                         reshards = _choices(space, "fsdp_reshard_after_forward", (True, False)) \
                             if zero == 3 else [True]
                         for reshard in reshards:

@@ -22,6 +22,7 @@ from twin.sim.stats import step_figures
 from twin.sim.stepsim import Stepper, StepRun
 from twin.sim.whatif import check_options, warn_idle_links
 from twin.spec import ConfigError, Job
+from twin.spec.experts import has_expert_groups
 from twin.spec.io import job_to_dict
 from twin.summary import Summary
 from twin.trace import Span, Trace
@@ -161,7 +162,11 @@ def resolve_options(job: Job, options: SimOptions, steps: int = 1) \
         exact = exact_axes(job, options.algorithm)
         left = [a for a in ("dp", "tp") if job.grid.size(a) > 1 and a not in exact
                 and not (a == "dp" and job.parallel.legacy_dp)]
-        if left and not (perturbed and fold == "none"):
+        if left and has_expert_groups(job.model, job.parallel):
+            notes.append(f"fold=auto simulates every rank: expert parallelism (ep="
+                         f"{job.parallel.ep}, etp={job.parallel.expert_tp}) gives ranks groups "
+                         "of their own and their own token counts")
+        elif left and not (perturbed and fold == "none"):
             notes.append(f"fold=auto leaves {' and '.join(left)} unfolded: moving a rank along "
                          f"{'them' if len(left) > 1 else 'it'} changes the links it meets "
                          f"({job.cluster.gpus_per_node} GPUs and "

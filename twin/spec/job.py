@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from twin.spec.cluster import ClusterSpec
+from twin.spec.context import context_problems
 from twin.spec.errors import ConfigError, raise_if
 from twin.spec.experts import expert_problems
 from twin.spec.grid import RankGrid
@@ -94,17 +95,20 @@ def build_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelPlan) ->
     where = f"cluster {cluster.name} has {world} GPUs ({cluster.num_nodes} nodes x " \
             f"{cluster.gpus_per_node})"
     dp = p.dp
+    # (the degrees besides dp, named as the user set them: cp only when it is set)
+    names, rest = ("tp * pp", p.tp * p.pp) if p.cp == 1 else ("tp * pp * cp", p.tp * p.pp * p.cp)
+    vals = f"{p.tp} * {p.pp}" + (f" * {p.cp}" if p.cp > 1 else "")
     if dp is None:
-        if world % (p.tp * p.pp * p.cp):
-            problems.append(f"tp * pp = {p.tp} * {p.pp} = {p.tp * p.pp} does not divide the "
-                            f"{world} GPUs of cluster {cluster.name}; choose tp * pp among "
+        if world % rest:
+            problems.append(f"{names} = {vals} = {rest} does not divide the "
+                            f"{world} GPUs of cluster {cluster.name}; choose {names} among "
                             f"{', '.join(map(str, _divisors(world)))}")
         else:
-            dp = world // (p.tp * p.pp * p.cp)
-    elif dp * p.tp * p.pp * p.cp != world:
-        fill = f"dp={world // (p.tp * p.pp)}" if world % (p.tp * p.pp) == 0 else \
-            "a tp * pp that divides the GPU count"
-        problems.append(f"dp * tp * pp = {dp} * {p.tp} * {p.pp} = {dp * p.tp * p.pp} but {where}; "
+            dp = world // rest
+    elif dp * rest != world:
+        fill = f"dp={world // rest}" if world % rest == 0 else \
+            f"a {names} that divides the GPU count"
+        problems.append(f"dp * {names} = {dp} * {vals} = {dp * rest} but {where}; "
                         f"use {fill}, set parallel.dp=null to fill the cluster, or change "
                         "cluster.num_nodes / cluster.gpus_per_node")
     m = model
@@ -139,6 +143,7 @@ def build_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelPlan) ->
                         f"must fit on one node of {cluster.gpus_per_node} GPUs; use DDP "
                         "(legacy_dp=false) across nodes")
     problems += expert_problems(m, p, dp)  # MoE: ep, etp and their groups
+    problems += context_problems(m, p)  # CP: sequence chunks, Ulysses heads
     peak8 = FLOAT8_PEAK.get(p.float8)
     if peak8 and peak8 not in cluster.gpu.peak_tflops:
         problems.append(f"parallel.float8={p.float8} needs FP8 tensor cores but "

@@ -18,6 +18,8 @@ OPTIMIZER_KERNELS = ("fused", "foreach")
 FLOAT8 = ("none", "tensorwise", "rowwise", "mxfp8")
 OPTIMIZER_DTYPES = ("fp32", "bf16")
 OPTIMIZER_STATE_BYTES = {"fp32": 4, "bf16": 2}
+CP_METHODS = ("ring", "allgather", "alltoall")
+CP_LOAD_BALANCE = ("headtail", "none")
 
 
 class ConfigWarning(UserWarning):
@@ -40,7 +42,17 @@ class ParallelPlan:
     pp: int = 1
     """Pipeline stages."""
     cp: int = 1
-    """Context parallelism (reserved: must be 1)."""
+    """Context parallelism: each sequence split over cp ranks, s/cp tokens each (attention
+    exchanges keys and values per cp_method; twin/schedule/context.py)."""
+    cp_method: str = "ring"
+    """How CP attention sees the other ranks' keys and values: ring (cp steps, the KV chunk
+    passed to the next rank by send/recv beside the compute), allgather (one all-gather of
+    K and V, reduce-scatter of their gradients: Llama 3), alltoall (DeepSpeed-Ulysses:
+    all-to-alls of q, k, v and the output over heads)."""
+    cp_load_balance: str = "headtail"
+    """Causal work over the CP ranks: headtail (rank i holds chunks i and 2cp-1-i: equal
+    work, torch's round-robin load balancer) or none (contiguous chunks: rank i attends to
+    chunks 0..i)."""
     sp: bool = False
     """Megatron sequence parallelism (needs tp > 1)."""
     ep: int = 1
@@ -133,9 +145,9 @@ class ParallelPlan:
                      OPTIMIZER_KERNELS)
         check_choice(problems, "parallel.float8", self.float8, FLOAT8)
         check_choice(problems, "parallel.optimizer_dtype", self.optimizer_dtype, OPTIMIZER_DTYPES)
-        if self.cp != 1:
-            problems.append(f"parallel.cp={self.cp!r} is reserved and must be 1 "
-                            "(context parallelism is not modelled yet)")
+        _check_int(problems, "cp", self.cp)
+        check_choice(problems, "parallel.cp_method", self.cp_method, CP_METHODS)
+        check_choice(problems, "parallel.cp_load_balance", self.cp_load_balance, CP_LOAD_BALANCE)
         if not (isinstance(self.ddp_bucket_MB, (int, float)) and self.ddp_bucket_MB > 0):
             problems.append(f"parallel.ddp_bucket_MB={self.ddp_bucket_MB!r} must be > 0")
         try:
@@ -182,12 +194,15 @@ class ParallelPlan:
                 for n in self.pp_stage_layers):
             problems.append(f"parallel.pp_stage_layers={list(self.pp_stage_layers)} must hold "
                             "positive integers")
+        if self.cp > 1 and self.legacy_dp:
+            problems.append(f"parallel.cp={self.cp} with parallel.legacy_dp=true: nn.DataParallel "
+                            "splits batches, not sequences; set parallel.cp=1 or legacy_dp=false")
         raise_if(problems)
         self._check_hsdp(problems)
         if self.dp is not None and self.global_batch_size is not None:
             self._check_batch(problems)
         raise_if(problems)
-        if self.dp == 1 and self.zero_stage > 0:
+        if self.dp == 1 and self.cp == 1 and self.zero_stage > 0:
             warnings.warn(f"parallel.zero_stage={self.zero_stage} with dp=1 shards over a "
                           "single rank and saves nothing; use zero_stage=0 or dp > 1",
                           ConfigWarning, stacklevel=3)
@@ -196,7 +211,11 @@ class ParallelPlan:
         hsdp = self.dp_replicate > 1 or (self.dp_shard is not None and self.dp_shard != self.dp)
         if not hsdp:
             return
-        if self.zero_stage != 3 or self.legacy_dp:
+        if self.cp > 1:
+            problems.append(f"parallel.dp_replicate={self.dp_replicate} (HSDP) with parallel.cp="
+                            f"{self.cp} is not modelled (shards over dp_shard x cp); set "
+                            "parallel.dp_replicate=1 or parallel.cp=1")
+        elif self.zero_stage != 3 or self.legacy_dp:
             problems.append(f"parallel.dp_replicate={self.dp_replicate} (HSDP) shards with "
                             f"FSDP but zero_stage={self.zero_stage}; set parallel.zero_stage=3 "
                             "or parallel.dp_replicate=1")
@@ -268,10 +287,11 @@ class ParallelPlan:
 
     @property
     def shard_degree(self) -> int:
-        """Ranks a ZeRO/FSDP shard is split over: dp_shard under HSDP, else dp."""
+        """Ranks a ZeRO/FSDP shard is split over: dp_shard under HSDP, else dp * cp (CP
+        ranks hold the same weights, so they shard them too: torchtitan's dp_shard_cp mesh)."""
         if self.dp is None:
             raise ValueError("shard_degree needs dp resolved (use twin.spec.build_job)")
-        return self.dp // self.dp_replicate if self.dp_shard is None else self.dp_shard
+        return (self.dp // self.dp_replicate if self.dp_shard is None else self.dp_shard) * self.cp
 
     @property
     def expert_tp(self) -> int:

@@ -19,6 +19,8 @@ what the rank itself sends with ring algorithms: 2(n-1)/n * S for all-reduce,
 - TP: per layer and micro-batch two all-reduces of b*s*h forward and two backward
   (Narayanan §3.2); with SP the same bytes as all-gathers and reduce-scatters
   (Korthikanti §4.2.2); full recompute repeats the forward two.
+- CP: every token-proportional message above on s/cp tokens, gradients over dp x cp, and
+  the attention's KV exchange per layer (twin/workload/context.py).
 - PP: b*s*h forward to the next stage and backward to the previous per
   micro-batch and chunk (b*s*h/t under SP); interleaving multiplies by v.
 """
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 
 from twin.spec import Job
 from twin.vocab import wire_factor
+from twin.workload.context import dp_dims, step_calls
 from twin.workload.params import layer_params, norm_params, stage_params, vocab_rows
 
 
@@ -69,8 +72,9 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
     out: dict[str, GroupTraffic] = {}
 
     hsdp = par.dp_replicate > 1
-    if par.dp > 1:
-        dp = GroupTraffic("dp_shard", par.shard_degree) if hsdp else GroupTraffic("dp", par.dp)
+    if par.dp * par.cp > 1:  # gradients over dp x cp under CP (twin.workload.context.dp_dims)
+        dp = GroupTraffic("dp_shard", par.shard_degree) if hsdp else \
+            GroupTraffic(dp_dims(par), par.dp * par.cp)
         syncs = m if par.sync_every_microbatch else 1
         if par.legacy_dp:
             tokens = par.micro_batch_size * model.seq_len
@@ -98,7 +102,8 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
             rep = out["dp_replicate"] = GroupTraffic("dp_replicate", par.dp_replicate)
             rep.add("all_reduce", syncs, psi_bytes / par.shard_degree)
 
-    bsh = par.micro_batch_size * model.seq_len * model.hidden_size * e
+    tokens = par.micro_batch_size * model.seq_len // par.cp  # the tokens one rank holds
+    bsh = tokens * model.hidden_size * e
     if par.tp > 1:
         tp = GroupTraffic("tp", par.tp)
         layers = len(job.layers_on_stage(stage))
@@ -121,7 +126,7 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
             else:
                 tp.add("all_reduce", m, bsh)
             # vocab-parallel cross-entropy: max, sum of exp, target logit (fp32 per token)
-            tp.add("all_reduce", 3 * m, 4 * par.micro_batch_size * model.seq_len)
+            tp.add("all_reduce", 3 * m, 4 * tokens)
         if par.sp and par.sp_norm_grad_sync != "none":
             # the norm weights' partial gradients (each rank saw s/t of the sequence)
             norms = len(job.layers_on_stage(stage)) * 2 * norm_params(model) + \
@@ -147,4 +152,8 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
             shard = par.shard_degree if par.zero_stage >= 2 else 1  # gradients sharded over dp
             embd.add("all_reduce", 1, vocab_rows(model, par.tp) * model.hidden_size * e / shard)
             out["embd"] = embd
+    if par.cp > 1:  # the attention's KV exchange (twin.workload.context)
+        cp = out["cp"] = GroupTraffic("cp", par.cp)
+        for kind, count, nbytes in step_calls(model, par, len(job.layers_on_stage(stage))):
+            cp.add(kind, count, nbytes)
     return out

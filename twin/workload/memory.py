@@ -26,6 +26,8 @@ from dataclasses import dataclass, fields, replace
 from twin.spec import ClusterSpec, Job, ModelSpec
 from twin.spec.parallel import OPTIMIZER_STATE_BYTES
 from twin.workload.comm import step_traffic
+from twin.workload.context import buffer_bytes as cp_buffer_bytes
+from twin.workload.context import local_model
 from twin.workload.moememory import moe_memory_delta
 from twin.workload.params import (
     embedding_tensors,
@@ -193,8 +195,9 @@ def rank_memory(job: Job, rank: int, recompute: str | None = None) -> Memory:
 
 
 def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
-    """Model states, activations and buffers of one rank at its peak."""
-    model, par = job.model, job.parallel
+    """Model states, activations and buffers of one rank at its peak (under CP the activations
+    of s/cp tokens, plus the attention's KV buffers: twin.workload.context)."""
+    model, par = local_model(job.model, job.parallel), job.parallel
     stage = job.grid.coord(rank, "pp")
     psi = stage_params(job, stage)
     e = model.dtype_bytes
@@ -219,8 +222,8 @@ def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
         head_inflight = (inflight(job, stage) or (0, head_inflight))[1] if par.pp > 1 else 1
         acts += head_inflight * (2 * e * s * b * model.hidden_size / sp_div
                                  + 4 * s * b * vocab_rows(model, par.tp))
-    buffers = 0.0
-    if par.zero_stage == 3 and par.dp > 1:
+    buffers = cp_buffer_bytes(job.model, par)
+    if par.zero_stage == 3 and par.dp * par.cp > 1:
         # FSDP units: the root (embedding, head) stays gathered from its first forward to its
         # backward, with its unsharded gradient; layer units: the current one and the
         # prefetched one (every unit when not resharded after forward) plus one unsharded
@@ -230,9 +233,9 @@ def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
         unit = layer_params(model, par.tp).total
         root = psi - n_layers * unit
         gathered = 2 * unit if par.fsdp_reshard_after_forward else n_layers * unit
-        buffers = (2 * root + gathered + unit) * e
+        buffers += (2 * root + gathered + unit) * e
         if not par.sync_every_microbatch and par.num_microbatches > 1:
-            buffers = (root + gathered) * e + (root + n_layers * unit) * FSDP_REDUCE_BYTES
+            buffers += (root + n_layers * unit) * FSDP_REDUCE_BYTES - (root + unit) * e
     moe = moe_memory_delta(job, rank, recompute, inflight_microbatches(job, stage),
                            model_state_bytes)  # MoE layers' experts, routed activations
     return Memory(params=states.params + moe["params"], grads=states.grads + moe["grads"],
@@ -357,7 +360,7 @@ def temporary_bytes(job: Job, rank: int, recompute: str | None = None) -> float:
     """The largest transient at the rank's peak: one layer's backward (every stage) or the
     loss (the last stage), whichever is larger; both come when nearly every activation is
     still held (end of forward, start of backward)."""
-    model, par = job.model, job.parallel
+    model, par = local_model(job.model, job.parallel), job.parallel
     recompute = recompute or par.recompute
     b = par.micro_batch_size
     tp, sp = (1, False) if par.legacy_dp else (par.tp, par.sp)

@@ -20,10 +20,41 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twin.spec import Job
+from twin.spec import Job, ModelSpec, ParallelPlan
 from twin.spec.experts import expert_grid, has_expert_groups
 from twin.workload.moe import traffic
-from twin.workload.params import expert_params
+from twin.workload.params import expert_params, stage_params
+
+
+def expert_state_delta(job: Job, stage: int, states: Callable) -> dict[str, float]:
+    """Model-state bytes (params, grads, optimizer) to add to the dense count of a rank of
+    ``stage``: its routed experts sharded by ZeRO-1/2 over edp instead of dp."""
+    model, par = job.model, job.parallel
+    out = dict.fromkeys(("params", "grads", "optimizer"), 0.0)
+    if not has_expert_groups(model, par) or par.zero_stage not in (1, 2):
+        return out
+    layers = [i for i in job.layers_on_stage(stage) if model.moe.is_moe_layer(i)]
+    experts = len(layers) * expert_params(model, par.ep, par.expert_tp)
+    edp = expert_grid(job.grid, par).edp
+    on_edp = states(experts, edp, par.zero_stage, model.dtype, par.optimizer_dtype)
+    on_dp = states(experts, par.shard_degree, par.zero_stage, model.dtype, par.optimizer_dtype)
+    return {cat: getattr(on_edp, cat) - getattr(on_dp, cat) for cat in out}
+
+
+def optimizer_params(job: Job, stage: int) -> int:
+    """Parameters whose optimizer step a rank of ``stage`` runs: all of its own under DDP;
+    under ZeRO its 1/dp share, the routed experts' share 1/edp on their own groups."""
+    par = job.parallel
+    params = stage_params(job, stage)
+    if par.zero_stage < 1:
+        return params
+    if not has_expert_groups(job.model, par):
+        return -(-params // par.shard_degree)
+    moe = job.model.moe
+    layers = [i for i in job.layers_on_stage(stage) if moe.is_moe_layer(i)]
+    experts = len(layers) * expert_params(job.model, par.ep, par.expert_tp)
+    edp = expert_grid(job.grid, par).edp
+    return -(-(params - experts) // par.shard_degree) + -(-experts // edp)
 
 
 def moe_memory_delta(job: Job, rank: int, recompute: str, inflight: float,
@@ -41,31 +72,35 @@ def moe_memory_delta(job: Job, rank: int, recompute: str, inflight: float,
     layers = [i for i in job.layers_on_stage(stage) if moe.is_moe_layer(i)]
     if not layers:
         return out
-    if has_expert_groups(model, par) and par.zero_stage in (1, 2):
-        experts = len(layers) * expert_params(model, par.ep, par.expert_tp)
-        on_edp = states(experts, grid.edp, par.zero_stage, model.dtype, par.optimizer_dtype)
-        on_dp = states(experts, par.shard_degree, par.zero_stage, model.dtype,
-                       par.optimizer_dtype)
-        for cat in ("params", "grads", "optimizer"):
-            out[cat] = getattr(on_edp, cat) - getattr(on_dp, cat)
+    out.update(expert_state_delta(job, stage, states))
     e, h = model.dtype_bytes, model.hidden_size
     tokens = par.micro_batch_size * model.seq_len
     n = tokens // par.tp if par.sp else tokens
     replicated = par.tp > 1 and not par.sp
-    etp = par.expert_tp
-    m = 2 if model.activation == "swiglu" else 1
-    dense_mlp = (m + 1) * e * tokens * (model.ffn_hidden_size // par.tp)
-    k = moe.experts_per_token
     acts, biggest = 0.0, 0.0
     for layer in layers:
         t = traffic(moe, layer, n, par.ep, grid.coords(rank)["ep"])
-        r = t.received * (etp if etp > 1 and not replicated else 1)
+        r = t.received * (par.expert_tp if par.expert_tp > 1 and not replicated else 1)
         biggest = max(biggest, (t.sent + t.received) * h * e)
-        if recompute in ("none", "selective"):
-            mlp = 4 * n * moe.num_experts + 2 * n * k * h * e + r * h * e + \
-                (m + 1) * r * (moe.moe_ffn_hidden_size // etp) * e + \
-                (m + 1) * e * tokens * (moe.shared_ffn_hidden_size // par.tp)
-            acts += mlp - dense_mlp
+        acts += layer_activation_delta(model, par, recompute, r)
     out["activations"] = acts * inflight
     out["buffers"] = biggest if par.ep > 1 else 0.0
     return out
+
+
+def layer_activation_delta(model: ModelSpec, par: ParallelPlan, recompute: str,
+                           rows: int) -> float:
+    """Bytes one MoE layer keeps for backward per micro-batch beyond the dense layer's
+    count (see the module docstring), its experts reading ``rows`` gathered tokens; 0 under
+    full (or torchtitan's op-level) recomputation."""
+    if recompute not in ("none", "selective"):
+        return 0.0
+    moe, e, h = model.moe, model.dtype_bytes, model.hidden_size
+    tokens = par.micro_batch_size * model.seq_len
+    n = tokens // par.tp if par.sp else tokens
+    m = 2 if model.activation == "swiglu" else 1
+    dense_mlp = (m + 1) * e * tokens * (model.ffn_hidden_size // par.tp)
+    mlp = 4 * n * moe.num_experts + 2 * n * moe.experts_per_token * h * e + rows * h * e + \
+        (m + 1) * rows * (moe.moe_ffn_hidden_size // par.expert_tp) * e + \
+        (m + 1) * e * tokens * (moe.shared_ffn_hidden_size // par.tp)
+    return float(mlp - dense_mlp)
