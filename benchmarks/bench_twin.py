@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.presets import dgx_h100, llama3  # noqa: E402
+from benchmarks.presets import cli_job, dgx_h100, llama3  # noqa: E402
 from twin.cost import CostModel  # noqa: E402
 from twin.sim.engine import SimOptions  # noqa: E402
 from twin.sim.run import simulate  # noqa: E402
@@ -56,24 +56,11 @@ PUBLISHED = {  # Narayanan et al. 2021 Table 1 rows, as `paratwin simulate OVERR
 }
 
 
-def _hydra(*overrides: str) -> tuple[Job, CostModel]:
-    """A job as `paratwin simulate OVERRIDES` composes it, with its calibration profile."""
-    from hydra import compose, initialize_config_dir
-
-    from paratwin.config import CONF_DIR, job_from_cfg, load_profile, register_schemas
-
-    register_schemas()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="simulate", overrides=list(overrides))
-    job = job_from_cfg(cfg)
-    return job, load_profile(cfg.get("calibration"), job.cluster)
-
-
 def job_of(key: str) -> tuple[str, Job, CostModel | None, SimOptions, str | None]:
     """(model name, job, profile, options, trace level) of one row; (a) and (b) measure the
     engine itself (every rank and micro-batch simulated), the others run as the CLI does."""
     if key in PUBLISHED:
-        job, cost = _hydra(*PUBLISHED[key])
+        job, cost = cli_job(*PUBLISHED[key])
         return job.model.name, job, cost, SimOptions(fold="auto"), "auto"
     name, nodes, plan, fold = JOBS[key]
     job = build_job(llama3(name), dgx_h100(nodes), plan)

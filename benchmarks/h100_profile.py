@@ -260,7 +260,7 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
         base_latency_us=base, host_comm_us=20.0, host_comm_per_rank_us=1.0,
         p2p_host_sync=False, p2p_latency_us=None, overlap_slowdown=0.0, core_share=True,
         cores_effective=None, kernels_by_dtype={}, collective_fits=fits, compute_cv=0.0,
-        comm_cv=0.0,
+        comm_cv=0.0, eager_elementwise=ew_infl,
         provenance={"source": "published H100/H200 measurements, derived by "
                               "benchmarks/h100_profile.py (no measured step times)",
                     "cluster": f"dgx_{gpu}", "gpus": [gname], "backend": "nccl",
@@ -275,6 +275,9 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
         "overlap_slowdown": "0: no published H100 figure for GEMM slowdown beside NCCL kernels "
                             "(a mechanism the twin has; see the report)",
         "compute_cv": "0: no published run-to-run spread", "comm_cv": "0: as compute_cv",
+        "eager_elementwise": f"eager-vs-fused byte ratio {ew_infl:.3f} (the EAGER table), folded "
+                             "into elementwise.mem_efficiency and host_us; parallel.compile=true "
+                             "takes it back out",
     })
     return cost, notes
 

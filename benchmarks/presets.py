@@ -1,4 +1,5 @@
-"""Shared specs of the benchmark scripts: the DGX H100 node and the Llama 3 models."""
+"""Shared specs of the benchmark scripts: the DGX H100 node and the Llama 3 models, and jobs
+composed as the CLI composes them."""
 
 from __future__ import annotations
 
@@ -24,3 +25,19 @@ def dgx_h100(nodes: int) -> ClusterSpec:
                        intra=IntraNodeSpec(kind="nvswitch", bw_GBps=450, latency_us=3.4),
                        inter=InterNodeSpec(nics_per_node=8, nic_bw_GBps=50, latency_us=14.0,
                                            topology="rail_optimized"))
+
+
+def cli_job(*overrides: str):
+    """(job, profile) as `paratwin simulate OVERRIDES` composes them (calibration=auto: the
+    cluster's own profile where one is fitted)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from paratwin.config import CONF_DIR, job_from_cfg, load_profile, register_schemas
+
+    register_schemas()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="simulate", overrides=list(overrides))
+    job = job_from_cfg(cfg)
+    return job, load_profile(cfg.get("calibration"), job.cluster)

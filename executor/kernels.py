@@ -4,8 +4,9 @@ Inputs are made once per (kind, shape, dtype) and reused, so a step times kernel
 allocation. What each kind runs:
 
 - gemm (m, n, k): ``torch.mm`` of an (m x k) and a (k x n) matrix into an (m x n) output;
-- attention (batch, heads, kv_heads, seq, head_dim, causal): ``scaled_dot_product_attention``
-  (GQA when kv_heads < heads); an op whose FLOPs exceed 1.5x the forward's (the backward,
+- attention (batch, heads, kv_heads, seq, head_dim, causal[, kv_seq]): ``scaled_dot_product_attention``
+  of seq queries over kv_seq keys (default seq; a context-parallel block; GQA when
+  kv_heads < heads); an op whose FLOPs exceed 1.5x the forward's (the backward,
   2x or 2.5x in twin.schedule.tensor) runs the SDPA backward through autograd over a
   forward built once at first use;
 - elementwise (elements,): a memory-bound kernel touching ``bytes / (elements * e)``
@@ -102,13 +103,14 @@ class Kernels:
         torch.mm(a, b, out=c)
 
     def attention(self, shape, dtype: str, backward: bool = False) -> None:
-        batch, heads, kv_heads, seq, head_dim, causal = (int(x) for x in shape)
-        key = ("attention", batch, heads, kv_heads, seq, head_dim, causal, dtype, backward)
+        batch, heads, kv_heads, seq, head_dim, causal = (int(x) for x in shape[:6])
+        kv_seq = int(shape[6]) if len(shape) > 6 else seq
+        key = ("attention", batch, heads, kv_heads, seq, head_dim, causal, kv_seq, dtype, backward)
         if key not in self._cache:
             dt = torch_dtype(dtype)
             q = _rand((batch, heads, seq, head_dim), dt, self.device)
-            k = _rand((batch, kv_heads, seq, head_dim), dt, self.device)
-            v = _rand((batch, kv_heads, seq, head_dim), dt, self.device)
+            k = _rand((batch, kv_heads, kv_seq, head_dim), dt, self.device)
+            v = _rand((batch, kv_heads, kv_seq, head_dim), dt, self.device)
             if backward:
                 q, k, v = (t.requires_grad_() for t in (q, k, v))
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal),
@@ -157,9 +159,11 @@ class Kernels:
 
 
 def attention_flops(shape) -> float:
-    """Forward FLOPs of the attention core: 4 * b * heads * s^2 * d (twin.schedule.emit)."""
+    """Forward FLOPs of the attention core: 4 * b * heads * s * s_kv * d (twin.schedule.emit;
+    s_kv = s but in a context-parallel block, twin.schedule.context)."""
     batch, heads, _, seq, head_dim = (int(x) for x in shape[:5])
-    return 4.0 * batch * heads * seq * seq * head_dim
+    kv_seq = int(shape[6]) if len(shape) > 6 else seq
+    return 4.0 * batch * heads * seq * kv_seq * head_dim
 
 
 def workspace_estimate(ops) -> int:
@@ -177,7 +181,8 @@ def workspace_estimate(ops) -> int:
             total += e * (m * k + k * n) + max(e, 2) * m * n  # FP8: a bf16 output
         elif op.kind == "attention":
             b, h, kv, s, d = op.shape[:5]
-            total += 4 * e * (2 * b * h * s * d + 2 * b * kv * s * d)  # q k v out (+ grads)
+            s_kv = op.shape[6] if len(op.shape) > 6 else s
+            total += 4 * e * (2 * b * h * s * d + 2 * b * kv * s_kv * d)  # q k v out (+ grads)
         elif op.kind == "elementwise":
             total += e * op.shape[0] * 4
         elif op.kind == "optimizer":

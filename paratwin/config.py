@@ -81,6 +81,12 @@ def _writable(node: DictConfig) -> DictConfig:
 def job_from_cfg(cfg: DictConfig) -> Job:
     """Build the three specs from a composed config and check them against each other."""
     specs = {name: to_spec(cls, cfg.get(name), name) for name, cls in SPECS.items()}
+    csv = specs["parallel"].pp_schedule_csv
+    if csv is not None and not Path(csv).is_absolute():  # ranks and run.json read it anywhere
+        with warnings.catch_warnings():  # the plan warned once already
+            warnings.simplefilter("ignore")
+            specs["parallel"] = dataclasses.replace(specs["parallel"],
+                                                    pp_schedule_csv=str(Path(csv).resolve()))
     return build_job(**specs)
 
 

@@ -69,6 +69,10 @@ class Call:
     """Global rank of the other side of a send/recv."""
     tensors: int = 1
     """Tensors the call moved (coalesced calls move several)."""
+    send_splits: tuple[int, ...] = ()
+    """An all-to-all's bytes to each member (group order); () for other kinds."""
+    recv_splits: tuple[int, ...] = ()
+    """An all-to-all's bytes from each member."""
 
 
 def _tensors(x) -> list[torch.Tensor]:
@@ -81,6 +85,25 @@ def _tensors(x) -> list[torch.Tensor]:
 
 def _nbytes(ts: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
+
+
+def _splits(t: torch.Tensor, rows: list[int], n: int) -> tuple[int, ...]:
+    """Per-member bytes of an all_to_all_single buffer: its split sizes (rows of dim 0), or n
+    equal parts when none were given."""
+    total = _nbytes([t])
+    if not rows:
+        return (total // n,) * n
+    row = total // max(1, t.shape[0]) if t.dim() else total
+    return tuple(int(r) * row for r in rows)
+
+
+def a2a_splits(name: str, args: tuple, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(send, recv) bytes per member of an all-to-all call; ((), ()) for other ops."""
+    if name == "alltoall_base_":  # (output, input, pg, output_split_sizes, input_split_sizes)
+        return _splits(args[1], list(args[4]), n), _splits(args[0], list(args[3]), n)
+    if name == "alltoall_":  # (output_tensors, input_tensors, pg): one tensor per member
+        return tuple(_nbytes([t]) for t in args[1]), tuple(_nbytes([t]) for t in args[0])
+    return (), ()
 
 
 class Recorder:
@@ -125,9 +148,10 @@ class Recorder:
         peer = -1
         if kind in ("send", "recv") and name != "recv_any_source_":
             peer = group[int(args[2])]
+        send, recv = a2a_splits(name, args, len(group))
         with self._lock:
             self.calls.append(Call(len(self.calls), self.step, self.phase, kind, name, group,
-                                   _nbytes(counted), peer, max(1, len(counted))))
+                                   _nbytes(counted), peer, max(1, len(counted)), send, recv))
 
     def install(self) -> Recorder:
         """Register the pass-through kernels (once per process)."""

@@ -4,8 +4,11 @@ An inventory is keyed by (group, kind): the group is the tuple of global ranks (
 send or recv, the sender and the receiver), and each key holds a count and the bytes
 under the IR's convention (nccl-tests: all-reduce and broadcast the buffer, all-gather
 the gathered output, reduce-scatter the full input; p2p the message). Counts and bytes
-must agree. Order must agree for collectives, per group (the n-th call on a group is
-the same call on every member); send/recv order is not compared, since p2p ops do not
+must agree. An all-to-all counts this rank's own send buffer (the IR's per-peer
+``send_splits`` summed when sizes are uneven) and its per-member bytes sent and received
+must agree too, call by call (``splits``). Order must agree for collectives, per group
+(the n-th call on a group is the same call on every member); send/recv order is not
+compared, since p2p ops do not
 wait for each other (ir.py) and pipelining issues a step's sends and receives in its own
 order. A difference that a documented rule explains (``RULES``) is reported as such;
 the rest are the unexplained differences, which should be none.
@@ -30,6 +33,15 @@ class Entry:
     group: tuple[int, ...]
     kind: str
     bytes: int
+    splits: tuple = ()
+    """An all-to-all's (bytes to, bytes from) each member; () for other kinds."""
+
+
+def _a2a_splits(send, recv, nbytes: float, n: int) -> tuple:
+    """(send, recv) bytes per member, equal parts of ``nbytes`` where none are listed."""
+    even = (int(round(nbytes / n)),) * n
+    return (tuple(int(round(b)) for b in send) or even,
+            tuple(int(round(b)) for b in recv) or even)
 
 
 @dataclass
@@ -41,7 +53,7 @@ class Difference:
     group_name: str
     kind: str
     what: str
-    """count, bytes or order."""
+    """count, bytes, order or splits (an all-to-all's per-member bytes)."""
     ir_count: int
     ir_bytes: int
     torch_count: int
@@ -75,7 +87,10 @@ def ir_entries(program: Program) -> list[Entry]:
     """The collectives and p2p calls of one rank's program, in program order."""
     out = []
     for op in program.ops:
-        if op.is_collective:
+        if op.is_collective and op.kind == "all_to_all":  # this rank's own send buffer
+            splits = _a2a_splits(op.send_splits, op.recv_splits, op.bytes, len(op.group))
+            out.append(Entry(tuple(op.group), op.kind, sum(splits[0]), splits))
+        elif op.is_collective:
             out.append(Entry(tuple(op.group), op.kind, int(round(op.bytes))))
         elif op.is_p2p:
             out.append(Entry(tuple(sorted((program.rank, op.peer))), op.kind, int(round(op.bytes))))
@@ -90,7 +105,9 @@ def torch_entries(calls: list[dict], step: int, rank: int) -> list[Entry]:
             continue
         group = tuple(sorted((rank, c["peer"]))) if c["kind"] in ("send", "recv") \
             else tuple(c["group"])
-        out.append(Entry(group, c["kind"], int(c["bytes"])))
+        splits = _a2a_splits(c.get("send_splits", ()), c.get("recv_splits", ()), c["bytes"],
+                             len(group)) if c["kind"] == "all_to_all" else ()
+        out.append(Entry(group, c["kind"], int(c["bytes"]), splits))
     return out
 
 
@@ -106,10 +123,10 @@ def table(entries: list[Entry]) -> dict[Key, tuple[int, int]]:
 
 def group_name(job: Job, rank: int, group: tuple[int, ...], kind: str) -> str:
     """The grid's name of a group ('tp', 'dp', 'tp-pp', ...); 'pp' for a send/recv pair."""
-    if kind in ("send", "recv"):
-        return "pp"
     grid = job.grid
-    dims = [d for d in ("tp", "pp", "dp") if grid.size(d) > 1]
+    if kind in ("send", "recv"):  # a pipeline neighbour, or the CP ring's
+        return "cp" if grid.size("cp") > 1 and set(group) <= set(grid.group(rank, "cp")) else "pp"
+    dims = [d for d in ("tp", "pp", "dp", "cp") if grid.size(d) > 1]  # (dp-cp as the IR names it)
     if job.parallel.dp_replicate > 1:
         dims += ["dp_shard", "dp_replicate"]
     for n in range(1, len(dims) + 1):
@@ -118,6 +135,13 @@ def group_name(job: Job, rank: int, group: tuple[int, ...], kind: str) -> str:
                 continue  # dp and its HSDP parts nest: at most one of them
             if tuple(sorted(grid.group(rank, combo))) == tuple(sorted(group)):
                 return "-".join(combo)
+    if job.model.moe is not None:  # the expert groups (twin/spec/experts.py)
+        from twin.spec.experts import expert_grid
+
+        experts = expert_grid(grid, job.parallel)
+        for d in ("ep", "edp", "etp"):
+            if tuple(sorted(experts.group(rank, d))) == tuple(sorted(group)):
+                return d
     return "?"
 
 
@@ -132,6 +156,9 @@ def compare(job: Job, rank: int, ir: list[Entry], got: list[Entry]) -> list[Diff
             if [e.bytes for e in ir if e.group == key[0] and e.kind == key[1]] != \
                     [e.bytes for e in got if e.group == key[0] and e.kind == key[1]]:
                 what = "order"
+            elif [e.splits for e in ir if e.group == key[0] and e.kind == key[1]] != \
+                    [e.splits for e in got if e.group == key[0] and e.kind == key[1]]:
+                what = "splits"
         if what:
             diffs.append(Difference(rank, key[0], group_name(job, rank, key[0], key[1]), key[1],
                                     what, ic, ib, tc, tb))

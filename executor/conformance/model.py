@@ -1,7 +1,8 @@
 """A small Llama-style nn.Module built from a ModelSpec, parameters in the twin's registration order.
 
 Per layer (``twin.workload.params.layer_tensors``): norm1, attn.wq, attn.wk, attn.wv,
-attn.wo, norm2, mlp.w_gate, mlp.w_up, mlp.fc2; then the embedding first and the final
+attn.wo, norm2, mlp.w_gate, mlp.w_up, mlp.fc2 (a MoE layer: mlp.router, mlp.shared.*,
+mlp.experts.*, executor/conformance/moe.py); then the embedding first and the final
 norm and LM head last (``embedding_tensors``, ``head_tensors``). RMSNorm, grouped-query
 attention with RoPE (Su et al. 2021) and a causal mask, SwiGLU MLP (Shazeer 2020),
 tied or untied embeddings, no biases and no dropout: the ``swiglu`` flavour of ModelSpec.
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from executor.conformance.moe import MoEMLP
 from twin.spec import ConfigError, ModelSpec
 
 ROPE_BASE = 10000.0
@@ -36,9 +38,6 @@ def check_model(spec: ModelSpec) -> None:
     if spec.dtype != "fp32":
         problems.append(f"model.dtype={spec.dtype}: conformance compares losses to 1e-5 and runs "
                         "on CPU, so it trains in fp32; set model.dtype=fp32")
-    if spec.moe is not None:
-        problems.append(f"conformance trains dense models; model {spec.name} has experts "
-                        "(model.moe); use a dense model such as model=tiny")
     if spec.head_dim % 2:
         problems.append(f"head_dim={spec.head_dim} is odd; RoPE rotates pairs, so make "
                         "hidden_size / num_heads even")
@@ -58,11 +57,13 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def rope(x: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """Rotate pairs (x[2i], x[2i+1]) of x (batch, seq, heads, d) by position * base^(-2i/d)."""
+def rope(x: torch.Tensor, head_dim: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of x (batch, seq, heads, d) by position * base^(-2i/d)
+    (positions: 0..seq-1, or the sequence positions a CP rank holds)."""
     seq = x.shape[1]
     inv = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    ang = torch.outer(torch.arange(seq, dtype=torch.float32), inv)  # (seq, d/2)
+    pos = torch.arange(seq, dtype=torch.float32) if positions is None else positions.float()
+    ang = torch.outer(pos, inv)  # (seq, d/2)
     cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
@@ -80,12 +81,23 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, spec.num_kv_heads * d, bias=False)
         self.wv = nn.Linear(h, spec.num_kv_heads * d, bias=False)
         self.wo = nn.Linear(spec.num_heads * d, h, bias=False)
+        self.cp = None
+        """Context parallelism: (CP process group, load balance, the positions this rank holds),
+        attention then a ring over the group (executor/conformance/ring.py); None: local."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape[0], x.shape[1], self.head_dim
         q = self.wq(x).view(b, s, -1, d)
         k = self.wk(x).view(b, s, -1, d)
         v = self.wv(x).view(b, s, -1, d)
+        if self.cp is not None:
+            from executor.conformance.ring import ring_attention
+
+            group, balance, pos = self.cp
+            q, k = rope(q, d, pos), rope(k, d, pos)
+            o = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), group,
+                               balance)
+            return self.wo(o.transpose(1, 2).reshape(b, s, -1))
         q, k = rope(q, d), rope(k, d)
         k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
         v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
@@ -109,14 +121,16 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    """Pre-norm block: x + attn(norm1(x)), then + mlp(norm2(.))."""
+    """Pre-norm block: x + attn(norm1(x)), then + mlp(norm2(.)); a MoE layer's mlp is
+    executor/conformance/moe.py's MoEMLP (router, routed and shared experts)."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, index: int = 0):
         super().__init__()
         self.norm1 = RMSNorm(spec.hidden_size)
         self.attn = Attention(spec)
         self.norm2 = RMSNorm(spec.hidden_size)
-        self.mlp = MLP(spec)
+        moe = spec.moe is not None and spec.moe.is_moe_layer(index)
+        self.mlp = MoEMLP(spec, index) if moe else MLP(spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
@@ -135,7 +149,7 @@ class Llama(nn.Module):
         check_model(spec)
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleDict({str(i): Layer(spec) for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Layer(spec, i) for i in range(spec.num_layers)})
         self.final_norm = RMSNorm(spec.hidden_size)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tie_embeddings:

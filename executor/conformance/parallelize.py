@@ -1,9 +1,11 @@
 """Parallelise the conformance model with PyTorch's own APIs, one function per paradigm.
 
 Applied in torchtitan's fixed order: split into pipeline chunks (``pipeline_chunks``),
-then tensor parallelism inside each chunk (``apply_tp``), then data parallelism over
-the DP mesh dimension (``apply_fsdp`` or ``apply_ddp``). The device mesh is built from
-the job's RankGrid (``device_mesh``), so PyTorch's groups are the twin's groups.
+then tensor parallelism inside each chunk (``apply_tp``), then a MoE model's expert
+parallelism (``experts.apply_ep``), then data parallelism over the DP mesh dimension
+(``apply_fsdp`` or ``apply_ddp``, which leaves EP-sharded experts to their own sync). The
+device mesh is built from the job's RankGrid (``device_mesh``), so PyTorch's groups are the
+twin's groups.
 """
 
 from __future__ import annotations
@@ -51,12 +53,27 @@ def check_plan(job: Job) -> None:
                         "(dp > 1): torch 2.13's split backward (I/W) with DDP leaves some ranks' "
                         "gradients unreduced (no all-reduce on the last stage; losses off a single "
                         "process by 1e-3 at step 3); use dp=1 with split-backward pipelines")
+    rounds = max(1, p.num_microbatches // p.pp)
+    if p.pp > 1 and p.pp_schedule == "zb_h1" and p.pp_schedule_csv is None \
+            and p.num_microbatches % rounds:
+        problems.append(f"pp_schedule=zb_h1 runs as torch's ScheduleInterleavedZeroBubble, which "
+                        f"needs the {p.num_microbatches} micro-batches to be a multiple of "
+                        f"max(1, m // pp) = {rounds}; set parallel.global_batch_size so that m is "
+                        f"a multiple of pp={p.pp}")
     if p.tp > 1 and m.num_kv_heads % p.tp:
         problems.append(f"parallel.tp={p.tp} > model.num_kv_heads={m.num_kv_heads}: ColwiseParallel "
                         "would split a KV head across ranks (the schedule replicates it); use "
                         f"tp <= {m.num_kv_heads} or model.num_kv_heads={p.tp}")
     if p.sp and m.seq_len % p.tp:
         problems.append(f"parallel.sp=true needs tp={p.tp} to divide model.seq_len={m.seq_len}")
+    if p.cp > 1 and (p.cp_method != "ring" or p.pp > 1):
+        problems.append(f"parallel.cp={p.cp} with cp_method={p.cp_method}, pp={p.pp}: conformance "
+                        "runs CP as a plain-PyTorch ring attention (torch's context_parallel needs "
+                        "CUDA SDPA kernels) without pipelining; use cp_method=ring and pp=1")
+    if m.moe is not None:
+        from executor.conformance.experts import plan_problems
+
+        problems += plan_problems(job)
     if problems:
         raise ConfigError(problems)
 
@@ -73,6 +90,12 @@ def device_mesh(job: Job):
     if p.dp_replicate > 1:
         ranks = ranks.reshape(p.dp_replicate, p.shard_degree, p.pp, p.tp)
         return DeviceMesh("cpu", ranks, mesh_dim_names=HSDP_MESH_DIMS)
+    if p.cp > 1:  # (dp, pp, cp, tp), the grid's order outermost first; dp x cp flattened
+        ranks = torch.tensor([[[[g.rank(dp=d, pp=s, cp=c, tp=t) for t in range(p.tp)]
+                                for c in range(p.cp)] for s in range(p.pp)] for d in range(p.dp)])
+        mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("dp", "pp", "cp", "tp"))
+        mesh["dp", "cp"]._flatten("dp_cp")
+        return mesh
     return DeviceMesh("cpu", ranks, mesh_dim_names=MESH_DIMS)
 
 
@@ -165,12 +188,27 @@ def apply_fsdp(model: nn.Module, dp_mesh, reshard_after_forward: bool) -> nn.Mod
                        else False)
 
 
-def apply_ddp(model: nn.Module, dp_mesh, bucket_MB: float) -> nn.Module:
-    """DDP over the DP mesh dimension (``device_mesh=``, which also takes DTensor parameters)."""
+def apply_ddp(model: nn.Module, dp_mesh, bucket_MB: float, ignore: list[str] = ()) -> nn.Module:
+    """DDP over the DP mesh dimension (``device_mesh=``, which also takes DTensor parameters);
+    the parameters named in ``ignore`` (EP-sharded experts) are left to their own sync."""
     from torch.nn.parallel import DistributedDataParallel
 
+    if ignore:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
     return DistributedDataParallel(model, device_mesh=dp_mesh, bucket_cap_mb=bucket_MB,
                                    broadcast_buffers=False)
+
+
+def apply_cp(model: nn.Module, job: Job, group) -> None:
+    """Every layer's attention a ring over ``group`` (executor/conformance/ring.py), rotating
+    the positions this rank holds (chunks i and 2cp-1-i, or chunk i)."""
+    from executor.conformance.ring import shard
+
+    p = job.parallel
+    i = job.grid.coord(torch.distributed.get_rank(), "cp")
+    pos = shard(torch.arange(job.model.seq_len), p.cp, i, p.cp_load_balance, dim=0)
+    for layer in model.layers.values():
+        layer.attn.cp = (group, p.cp_load_balance, pos)
 
 
 def tp_sharded(model: nn.Module) -> set[str]:
@@ -191,10 +229,19 @@ def parallelize(model: nn.Module, job: Job, mesh) -> list[tuple[int, nn.Module, 
         if p.tp > 1:
             apply_tp(part, mesh["tp"], p.sp)
         sharded = tp_sharded(part)
-        if p.dp > 1 and p.zero_stage == 3:
-            dp_mesh = mesh["dp_replicate", "dp_shard"] if p.dp_replicate > 1 else mesh["dp"]
+        ignore: list[str] = []
+        if job.model.moe is not None:  # expert parallelism, before DDP (which skips experts)
+            from executor.conformance.experts import apply_ep, expert_params
+
+            if apply_ep(part, job) is not None:
+                ignore = [n for n, _ in expert_params(part)]
+        if p.cp > 1:  # attention as a ring over the CP group, on the positions held here
+            apply_cp(part, job, mesh["cp"].get_group())
+        dp_name = "dp_cp" if p.cp > 1 else "dp"  # gradients over dp x cp (the schedule's dp-cp)
+        if p.dp * p.cp > 1 and p.zero_stage == 3:
+            dp_mesh = mesh["dp_replicate", "dp_shard"] if p.dp_replicate > 1 else mesh[dp_name]
             part = apply_fsdp(part, dp_mesh, p.fsdp_reshard_after_forward)
-        elif p.dp > 1:
-            part = apply_ddp(part, mesh["dp"], p.ddp_bucket_MB)
+        elif p.dp * p.cp > 1:
+            part = apply_ddp(part, mesh[dp_name], p.ddp_bucket_MB, ignore)
         out.append((chunk, part, sharded))
     return out

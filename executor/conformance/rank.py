@@ -64,6 +64,7 @@ def conformance_task(ctx) -> None:
     import torch.distributed as dist
 
     from executor.conformance.capture import Recorder
+    from executor.conformance.experts import expert_sync_of
     from executor.conformance.model import build_model
     from executor.conformance.parallelize import device_mesh, parallelize
     from executor.conformance.train import (
@@ -88,6 +89,7 @@ def conformance_task(ctx) -> None:
     mesh = device_mesh(job)
     norm_group = _norm_group(job, rank)
     parts = parallelize(build_model(job.model, s["seed"]), job, mesh)
+    experts = expert_sync_of(parts)  # a MoE model's routed experts (None: dense or ep=1)
     chunks = [c for c, _, _ in parts]
     named = [(_plain_name(n), q) for _, m, _ in parts for n, q in m.named_parameters()]
     sharded = set().union(*(names for _, _, names in parts))
@@ -97,6 +99,7 @@ def conformance_task(ctx) -> None:
         if p.pp > 1 else None
     d, dp = job.grid.coord(rank, "dp"), p.dp
     losses: list[float | None] = []
+    norms: list[float] = []  # each step's global gradient norm, before clipping
     times: list[float] = []
     kinds = None
     profile_step = s.get("profile_step")
@@ -117,7 +120,8 @@ def conformance_task(ctx) -> None:
         recorder.label(step, "opt")
         with torch.profiler.record_function(OPT_RANGE):
             replicate_partial_grads([q for _, q in named])
-            clip(named, coords, sharded, norm_group)
+            norms.append((clip if experts is None else experts.clip)(named, coords, sharded,
+                                                                     norm_group))
             opt.step()
             opt.zero_grad()
         recorder.active = False
@@ -128,6 +132,10 @@ def conformance_task(ctx) -> None:
         x, y = step_batch(job, s["seed"], step)
         n = x.shape[0] // dp
         x, y = x[d * n:(d + 1) * n], y[d * n:(d + 1) * n]
+        if p.cp > 1:  # the sequence positions this CP rank holds (executor/conformance/ring.py)
+            from executor.conformance.ring import shard
+
+            x, y = (shard(t, p.cp, coords["cp"], p.cp_load_balance, dim=1) for t in (x, y))
         prof = profiler() if step == profile_step else contextlib.nullcontext()
         with prof:
             t0 = time.perf_counter()
@@ -140,7 +148,7 @@ def conformance_task(ctx) -> None:
     out = result_path(ctx.run_dir, rank)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, {"rank": rank, "chunks": chunks, "losses": losses,
-                     "calls": recorder.to_dicts(), "step_times_s": times,
+                     "calls": recorder.to_dicts(), "step_times_s": times, "grad_norms": norms,
                      "profile_step": profile_step, "profile": kinds}, indent=None)
 
 
@@ -148,7 +156,8 @@ def _norm_group(job, rank: int):
     """The gradient-norm group the schedule names (tp-pp, plus dp under ZeRO/FSDP), or None."""
     import torch.distributed as dist
 
-    dims = ["tp", "pp"] + (["dp"] if job.parallel.zero_stage >= 1 else [])
+    dims = ["tp", "pp"] + ((["dp", "cp"] if job.parallel.cp > 1 else ["dp"])
+                           if job.parallel.zero_stage >= 1 else [])
     mine = None
     for ranks in job.grid.groups(dims):  # every rank creates every group, in the same order
         if len(ranks) > 1:

@@ -80,15 +80,16 @@ def _rows(job: Job, rank: int, ir: dict, pt: dict) -> list[dict]:
 
 
 def parallel_losses(job: Job, results: dict[int, dict]) -> list[float]:
-    """Per step, the mean loss over DP replicas, read from one rank per replica that has it."""
+    """Per step, the mean loss over DP replicas (and CP ranks, each holding s/cp tokens), read
+    from one rank per replica that has it."""
     grid, steps = job.grid, len(next(iter(results.values()))["losses"])
     out = []
     for step in range(steps):
         vals = [res["losses"][step] for r, res in sorted(results.items())
                 if grid.coord(r, "tp") == 0 and res["losses"][step] is not None]
-        if len(vals) != job.parallel.dp:
+        if len(vals) != job.parallel.dp * job.parallel.cp:  # (CP ranks: equal token shares)
             raise RuntimeError(f"step {step}: {len(vals)} ranks reported a loss, expected one "
-                               f"per DP replica ({job.parallel.dp})")
+                               f"per DP replica and CP rank ({job.parallel.dp * job.parallel.cp})")
         out.append(sum(vals) / len(vals))
     return out
 
@@ -157,7 +158,8 @@ def _plan_line(job: Job) -> str:
     if p.tp > 1:
         parts.append("sp" if p.sp else "no sp")
     if p.pp > 1:
-        parts.append(p.pp_schedule + (f" v={p.pp_virtual_stages}" if p.pp_virtual_stages > 1 else "")
+        parts.append((f"table {p.pp_schedule_csv}" if p.pp_schedule_csv else p.pp_schedule)
+                     + (f" v={p.pp_virtual_stages}" if p.pp_virtual_stages > 1 else "")
                      + f" m={p.num_microbatches}")
     return f"{job.model.name}: " + ", ".join(parts)
 

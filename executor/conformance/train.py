@@ -131,10 +131,13 @@ def data_step(model, x: torch.Tensor, y: torch.Tensor, microbatches: int, tp: in
 
 
 def reference_losses(job: Job, seed: int, steps: int) -> list[float]:
-    """Losses of the single-process run: the whole global batch, one model, same recipe."""
+    """Losses of the single-process run: the whole global batch, one model, same recipe (a MoE
+    model routes it in the ranks' blocks of b * s tokens: executor/conformance/moe.py)."""
     from executor.conformance.model import build_model
+    from executor.conformance.moe import route_in_blocks, routed_tokens
 
     model = build_model(job.model, seed)
+    route_in_blocks(model, routed_tokens(job))
     opt = optimizer(model.parameters())
     out = []
     for step in range(steps):

@@ -148,7 +148,9 @@ def format_summary(job, summary: dict, run_dir: Path) -> str:
     par = job.parallel
     lines = [
         f"{job.model.name} on {job.cluster.name}: dp={par.dp} tp={par.tp} pp={par.pp} "
-        f"zero={par.zero_stage}, {summary['world_size']} ranks ({summary['backend']}), "
+        f"zero={par.zero_stage}" + (f" cp={par.cp} ({par.cp_method}, {par.cp_load_balance})"
+                                    if par.cp > 1 else "")
+        + f", {summary['world_size']} ranks ({summary['backend']}), "
         f"{summary['steps']} measured steps after {summary['warmup']} warm-up",
         f"step time: median {summary['step_time_s'] * ms:.2f} ms (p10 "
         f"{summary['step_time_p10_s'] * ms:.2f}, p90 {summary['step_time_p90_s'] * ms:.2f})",

@@ -117,6 +117,10 @@ def specs_from_cfg(cfg):
                           stacklevel=2)
     base = to_spec(ParallelPlan, {k: v for k, v in node.items() if k not in (*SEARCHED, "dp")},
                    "parallel")
+    if base.cp > 1:  # its estimate (twin.search.units) prices whole-sequence attention
+        raise ConfigError(f"parallel.cp={base.cp}: search does not enumerate or estimate context "
+                          "parallelism yet; set parallel.cp=1 (and simulate CP plans with "
+                          "`paratwin simulate parallel.cp=N`)")
     return model, cluster, base
 
 
@@ -174,6 +178,8 @@ def run(cfg) -> dict:
     model, cluster, base = specs_from_cfg(cfg)
     space = space_from_cfg(cfg, cluster, base)
     cost = load_profile(cfg.get("calibration"), cluster)
+    if base.compile:  # every plan compiled: the estimate prices what the twin simulates
+        cost = cost.compiled()
     bar = Progress("paratwin search")
     ev = evaluate(model, cluster, space, cost, workers=workers, progress=bar.update)
     if not ev.candidates:

@@ -130,6 +130,7 @@ def format_summary(job, s: dict, out: Path, chrome: str = "trace.json") -> str:
         f"simulated {job.model.name} on {job.cluster.name}: {job.grid.world_size} GPUs, dp={p.dp} "
         + (f"(HSDP {p.dp_replicate} replicas x {p.shard_degree} shards) " if p.dp_replicate > 1 else "")
         + f"tp={p.tp}{' +sp' if p.sp else ''} pp={p.pp} zero={p.zero_stage}"
+        + (f" cp={p.cp} ({p.cp_method}, {p.cp_load_balance})" if p.cp > 1 else "")
         + (f" {p.pp_schedule}" if p.pp > 1 else "") + f", {p.num_microbatches} micro-batch(es)",
         f"  {s['steps']} step(s); {s['simulated_ranks']} of {s['world_size']} ranks simulated "
         + ("(no folding)" if s["fold"] == "none" else f"(FOLDED along {s['fold']}: copies simulated once)")

@@ -61,3 +61,10 @@ def test_split_backward_with_ddp_is_refused_with_the_reason():
     job = build_job(tiny(), cluster(gpus=4), ParallelPlan(pp=2, dp=2, pp_schedule="zb_h1"))
     with pytest.raises(ConfigError, match="split backward .* with DDP leaves some ranks"):
         check_plan(job)
+
+
+def test_zb_h1_micro_batches_torch_cannot_round_are_refused():
+    job = build_job(tiny(), cluster(gpus=2),
+                    ParallelPlan(pp=2, pp_schedule="zb_h1", global_batch_size=5))
+    with pytest.raises(ConfigError, match="multiple of max\\(1, m // pp\\) = 2"):
+        check_plan(job)

@@ -104,3 +104,22 @@ def test_mxfp8_on_a_blackwell_preset():
                      "model.num_layers=2")
     gemms = {op.dtype for op in build_schedule(job).program(0).ops if op.kind == "gemm"}
     assert gemms == {"mxfp8", "bf16"} and job.peak_dtype == "mxfp8"
+
+
+def test_compile_takes_the_eager_factor_out_of_elementwise_ops():
+    """parallel.compile: an elementwise op is one fused kernel, its memory efficiency times
+    the profile's eager factor (capped at 1), its host time over it; nothing else moves."""
+    from paratwin.config import CONF_DIR
+
+    job = _job("tensorwise", compile=True)
+    eager = CostModel.load(CONF_DIR / "profiles" / "dgx_h100.yaml")
+    fused = eager.compiled()
+    f = eager.eager_elementwise
+    assert f > 3  # the H100 profile folds eager PyTorch's extra elementwise kernels in
+    assert fused.elementwise.mem_efficiency == pytest.approx(min(1.0, eager.elementwise.mem_efficiency * f))
+    assert fused.elementwise.host_us == pytest.approx(eager.elementwise.host_us / f)
+    assert fused.gemm == eager.gemm and fused.compiled() is fused
+    plain = CostModel()
+    assert plain.eager_elementwise == 1.0 and plain.compiled() is plain
+    cast = next(op for op in build_schedule(job).program(0).ops if op.name.endswith("fp8_cast"))
+    assert fused.compute_time(cast, H100) < eager.compute_time(cast, H100)

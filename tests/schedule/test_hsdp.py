@@ -110,3 +110,29 @@ def test_hsdp_model_states_divide_by_dp_shard():
 def test_hsdp_plans_are_deadlock_free(plan):
     job = _job(**plan)
     assert check_schedule(build_schedule(job).programs())["ops"] > 0
+
+
+@pytest.mark.parametrize("plan", [dict(dp_replicate=1), dict(dp_replicate=2)])
+def test_fsdp_of_a_moe_model_gathers_its_experts_with_each_layer(plan):
+    """With ep=1 the routed experts live on the dense groups, in their layer's FSDP unit:
+    the closed form gathers them with the layer (not once, as the root) and the static
+    memory model's gathered buffers hold two layer units, not the experts twice over."""
+    from dataclasses import replace
+
+    from tests.spec.moe_helpers import preset_model
+    moe = preset_model("mixtral_8x7b", num_layers=4, hidden_size=256, num_heads=8, num_kv_heads=2,
+                       ffn_hidden_size=512, vocab_size=1000, seq_len=128)
+    moe = replace(moe, moe=replace(moe.moe, moe_ffn_hidden_size=512))
+    job = build_job(moe, cluster(nodes=2), ParallelPlan(zero_stage=3, global_batch_size=32, **plan))
+    prog = build_schedule(job).program(0)
+    got = defaultdict(float)
+    for op in prog.ops:
+        if op.is_collective and op.group_name.startswith("dp"):
+            got[(op.group_name, op.kind)] += op.bytes
+    want = {(g, k): b for g, t in step_traffic(job, 0).items() for k, (_, b) in t.calls.items()
+            if g.startswith("dp")}
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key] == pytest.approx(want[key]), key
+    unit = max(op.bytes for op in prog.ops if op.kind == "all_gather")
+    assert rank_memory(job, 0).buffers < 6 * unit  # root x2 + two gathered units + a grad

@@ -101,6 +101,23 @@ def test_expert_gradients_reduce_over_expert_data_parallel_group():
     assert all(op.group == (0, 1, 2, 3) for op in dense)
 
 
+def test_clipping_sums_the_experts_squares_over_their_own_group_after_the_dense_ones():
+    """Each EP rank holds other experts, so the global norm needs their squares summed over
+    etp x ep x pp (Megatron's expert optimizer, combined as sqrt(d^2 + e^2)); without it each
+    rank would clip by its own norm and the dense replicas drift apart."""
+    def norms(j, rank):
+        return [(op.name.split("/")[-1], op.group, op.group_name, op.bytes)
+                for op in ops(j, rank, lambda op: op.is_collective and op.phase == "opt")]
+
+    assert norms(job(ep=2), 3) == [("expert.grad_norm.ar", (2, 3), "etp-ep-pp", 4.0)]
+    assert norms(job(gpus=8, tp=2, sp=True, ep=2, etp=1), 0) == [
+        ("grad_norm.ar", (0, 1), "tp-pp", 4.0), ("expert.grad_norm.ar", (0, 1), "etp-ep-pp", 4.0)]
+    z1 = norms(job(ep=2, zero_stage=1), 0)  # ZeRO adds dp to the dense norm, edp to the experts'
+    assert [(n, g) for n, g, _, _ in z1 if "norm" in n] == [
+        ("grad_norm.ar", (0, 1, 2, 3)), ("expert.grad_norm.ar", (0, 1, 2, 3))]
+    assert norms(job(), 0) == []  # ep=1, etp=tp: the experts are dense parameters
+
+
 def test_zero2_reduce_scatters_and_gathers_experts_over_edp():
     j = job(ep=2, zero_stage=2)
     kinds = {(op.group_name, op.kind) for op in ops(j, 1, lambda op: op.is_collective)}
@@ -178,7 +195,8 @@ def test_inspect_closed_forms_equal_the_schedule(shared, skew, plan):
         prog = build_schedule(j).program(rank)
         got: dict[str, float] = {}
         for c in prog.summary()["collectives"]:
-            if c["group"] not in ("tp-pp", "tp-pp-dp"):  # the 4-byte gradient norm
+            # the 4-byte gradient norms (dense, and the experts' own: step.py)
+            if c["group"] not in ("tp-pp", "tp-pp-dp", "etp-ep-pp", "etp-ep-edp-pp"):
                 got[c["group"]] = got.get(c["group"], 0.0) + c["bytes"]
         want = {k: g.bytes for k, g in moe_step_traffic(j, rank).items()}
         assert want == pytest.approx(got)

@@ -138,9 +138,14 @@ def test_sp_needs_tp():
         ParallelPlan(sp=True)
 
 
-def test_cp_is_reserved():
-    with pytest.raises(ConfigError, match=r"parallel.cp=2 is reserved and must be 1"):
-        ParallelPlan(cp=2)
+def test_cp_fields_are_checked():
+    """cp is no longer reserved; its fields are checked like the others (tests/spec/
+    test_context_spec.py has the CP plans that cannot work)."""
+    with pytest.raises(ConfigError, match=r"parallel.cp=0 must be a positive integer"):
+        ParallelPlan(cp=0)
+    with pytest.raises(ConfigError, match=r"parallel.cp_method='ulysses' is not one of "
+                                          r"ring\|allgather\|alltoall"):
+        ParallelPlan(cp=2, cp_method="ulysses")
 
 
 def test_rank_order_must_name_every_axis():

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from twin.chrome import write_chrome
-from twin.report import calibration, memory, overlay, summary, sweep, timeline
+from twin.report import calibration, memory, moe, overlay, summary, sweep, timeline
 from twin.report import rundir as rd
 from twin.report import runs as runs_figure
 from twin.report.html import Section, write
@@ -158,6 +158,16 @@ def measured_runs_sections(runs: list[rd.Run]) -> list[Section]:
     return out
 
 
+def moe_sections(runs: list[rd.Run], opts: Options) -> list[Section]:
+    """Mixture-of-experts runs: expert loads per layer and the exposed all-to-all per layer."""
+    out = []
+    for r in [r for r in runs if r.job is not None and r.job.model.moe is not None][
+            :opts.max_timelines]:
+        figs, note = moe.moe_figures(r.job, r.trace, r.name)
+        out.append(Section(f"moe-{len(out)}", f"experts: {r.name}", _html.escape(note), figs))
+    return out
+
+
 def summary_sections(runs: list[rd.Run]) -> list[Section]:
     if not any(r.summary for r in runs):
         return []
@@ -174,6 +184,7 @@ def sections(runs: list[rd.Run], opts: Options) -> list[Section]:
     becomes a note in the report (and a warning), never a lost report."""
     parts = [("summary", lambda: summary_sections(runs)),
              ("timeline and memory", lambda: trace_sections(runs, opts)),
+             ("experts", lambda: moe_sections(runs, opts)),
              ("twin vs real", lambda: overlay_sections(runs, opts)),
              ("sweep", lambda: sweep_sections(runs)),
              ("calibration", lambda: calibration_sections(runs, opts.model)),

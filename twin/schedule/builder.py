@@ -14,6 +14,7 @@ from twin.schedule.legacy import legacy_dp_program
 from twin.schedule.step import StepBuilder, build_program
 from twin.spec import Job
 from twin.spec.experts import has_expert_groups
+from twin.workload.context import programs_differ
 
 __all__ = ["StepBuilder", "TemplateBuilder", "build_program", "build_schedule"]
 
@@ -30,21 +31,25 @@ def build_schedule(job: Job) -> Schedule:
 class TemplateBuilder:
     """Builds one program per pipeline stage and derives the other ranks' by translation.
 
-    All ranks of a stage run the same ops; only the global ranks inside them differ. A
-    rank's program is its stage template with every group, peer and root moved by the
-    rank's offset on the grid (coordinates shifted modulo each axis), groups re-sorted
-    into the grid's canonical (ascending) order. Compute and memory ops are shared."""
+    All ranks of a stage run the same ops; only the global ranks inside them differ (under
+    CP where its ranks' programs differ, twin.workload.context.programs_differ, one template
+    per stage and CP rank). A rank's program is its stage template with every group, peer
+    and root moved by the rank's offset on the grid (coordinates shifted modulo each axis),
+    groups re-sorted into the grid's canonical (ascending) order. Compute and memory ops are
+    shared."""
 
     def __init__(self, job: Job):
         self.job = job
-        self.templates: dict[int, Program] = {}
+        self.templates: dict[int | tuple[int, int], Program] = {}
+        self.by_cp = programs_differ(job.parallel)
 
     def __call__(self, job: Job, rank: int) -> Program:
         grid = job.grid
         stage = grid.coord(rank, "pp")
-        t = self.templates.get(stage)
+        key = (stage, grid.coord(rank, "cp")) if self.by_cp else stage
+        t = self.templates.get(key)
         if t is None:
-            t = self.templates[stage] = build_program(job, rank)
+            t = self.templates[key] = build_program(job, rank)
             t.template = rank
             return t
         if t.rank == rank:

@@ -61,9 +61,10 @@ def assign_buckets(tensors: list[tuple[Key, int]], elem_bytes: int, cap_MB: floa
 
 def apply_dp(out: ProgramBuilder, par: ParallelPlan, layout: StageLayout,
              group: tuple[int, ...]) -> GradSync | None:
-    """DDP (zero_stage 0) or ZeRO-1/2 gradient buckets over the DP ``group``; None without
-    DP, under ZeRO-3 (sharded.py) and under legacy DP (which reduces to device 0 itself)."""
-    if par.legacy_dp or par.dp <= 1 or par.zero_stage not in (0, 1, 2):
+    """DDP (zero_stage 0) or ZeRO-1/2 gradient buckets over the DP ``group`` (dp x cp under CP);
+    None without DP, under ZeRO-3 (sharded.py) and under legacy DP (which reduces to device 0
+    itself)."""
+    if par.legacy_dp or par.dp * par.cp <= 1 or par.zero_stage not in (0, 1, 2):
         return None
     ddp = par.zero_stage == 0
     buckets = assign_buckets(layout.tensors, out.e, par.ddp_bucket_MB,
@@ -71,7 +72,8 @@ def apply_dp(out: ProgramBuilder, par: ParallelPlan, layout: StageLayout,
     return GradSync(out, group, buckets, layout.grad_ops,
                     kind="all_reduce" if ddp else "reduce_scatter",
                     every_mb=par.sync_every_microbatch, last_mb=par.num_microbatches - 1,
-                    paradigm="ddp" if ddp else f"zero{par.zero_stage}")
+                    paradigm="ddp" if ddp else f"zero{par.zero_stage}",
+                    role="dp-cp" if par.cp > 1 else "dp")
 
 
 class GradSync(Pass):

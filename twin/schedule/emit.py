@@ -160,14 +160,14 @@ class ProgramBuilder:
                          dtype=self.dtype)
 
     def send(self, ctx: Ctx, local: str, peer: int, tag: str, nbytes: float,
-             deps: Iterable[Idx]) -> int:
+             deps: Iterable[Idx], group_name: str = "pp") -> int:
         return self.emit(ctx, local, "send", "p2p", deps, peer=peer, tag=tag,
-                         bytes=float(nbytes), group_name="pp", dtype=self.dtype)
+                         bytes=float(nbytes), group_name=group_name, dtype=self.dtype)
 
     def recv(self, ctx: Ctx, local: str, peer: int, tag: str, nbytes: float,
-             deps: Iterable[Idx]) -> int:
+             deps: Iterable[Idx], group_name: str = "pp") -> int:
         return self.emit(ctx, local, "recv", "p2p", deps, peer=peer, tag=tag,
-                         bytes=float(nbytes), group_name="pp", dtype=self.dtype)
+                         bytes=float(nbytes), group_name=group_name, dtype=self.dtype)
 
     # -- memory ------------------------------------------------------------------
     def alloc(self, ctx: Ctx, buffer: str, category: str, nbytes: float,

@@ -29,7 +29,7 @@ from twin.schedule.data import GradSync, assign_buckets
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.stage import StageLayout
 from twin.spec import Job
-from twin.spec.experts import expert_grid
+from twin.spec.experts import expert_grid, has_expert_groups
 from twin.workload.moe import Traffic, traffic
 from twin.workload.moememory import layer_activation_delta
 from twin.workload.params import expert_tensors
@@ -242,3 +242,23 @@ def apply_expert_dp(out: ProgramBuilder, job: Job, rank: int,
                     kind="all_reduce" if ddp else "reduce_scatter",
                     every_mb=par.sync_every_microbatch, last_mb=par.num_microbatches - 1,
                     paradigm="ep", role="edp", prefix="expert.")
+
+
+def expert_norm_group(job: Job, rank: int) -> tuple[tuple[int, ...], str] | None:
+    """The group over which the routed experts' squared gradients are summed for clipping, and
+    its name: etp x ep x pp (+ edp under ZeRO-1/2, as the dense norm adds dp), or None when the
+    experts live on the dense groups (the dense norm's all-reduce has them). Megatron-Core
+    keeps the experts in an optimizer of their own whose grad norm is all-reduced over
+    ``expert_tensor_model_pipeline_parallel_group``; ChainedOptimizer.get_grad_norm combines
+    it with the dense one as sqrt(d^2 + e^2) (megatron/core/optimizer/optimizer.py). Without it
+    each EP rank would clip by its own experts' norm and the dense replicas would diverge."""
+    model, par = job.model, job.parallel
+    if not has_expert_groups(model, par):
+        return None
+    grid = expert_grid(job.grid, par)
+    dims = ("etp", "ep") + (("edp",) if par.zero_stage >= 1 else ())
+    ranks = {rank}
+    for d in dims:
+        ranks = {m for r in ranks for m in grid.group(r, d)}
+    ranks = {m for r in ranks for m in job.grid.group(r, ("pp",))}
+    return tuple(sorted(ranks)), "-".join(dims + ("pp",))

@@ -28,14 +28,14 @@ def apply_fsdp(out: ProgramBuilder, par: ParallelPlan, layout: StageLayout,
                grid: RankGrid) -> FSDP | None:
     """ZeRO-3 / FSDP over the rank's DP group, or HSDP over its dp_shard group with the
     dp_replicate all-reduce (None unless zero_stage=3 with dp > 1)."""
-    if par.legacy_dp or par.dp <= 1 or par.zero_stage != 3:
+    if par.legacy_dp or par.dp * par.cp <= 1 or par.zero_stage != 3:
         return None
     hsdp = par.dp_replicate > 1
-    group = grid.group(out.rank, "dp_shard" if hsdp else "dp")
+    role = "dp_shard" if hsdp else ("dp-cp" if par.cp > 1 else "dp")  # CP ranks shard too
     replicate = grid.group(out.rank, "dp_replicate") if hsdp else ()
-    return FSDP(out, group, layout.units, reshard=par.fsdp_reshard_after_forward,
+    return FSDP(out, grid.group(out.rank, role), layout.units, reshard=par.fsdp_reshard_after_forward,
                 every_mb=par.sync_every_microbatch, last_mb=par.num_microbatches - 1,
-                one_chunk=layout.num_chunks == 1, replicate=replicate)
+                one_chunk=layout.num_chunks == 1, replicate=replicate, role=role)
 
 
 class FSDP(Pass):
@@ -43,11 +43,11 @@ class FSDP(Pass):
 
     def __init__(self, out: ProgramBuilder, group: tuple[int, ...], unit_numel: dict[int, int], *,
                  reshard: bool, every_mb: bool, last_mb: int, one_chunk: bool,
-                 replicate: tuple[int, ...] = ()):
+                 replicate: tuple[int, ...] = (), role: str = "dp"):
         self.b = out
         self.group = group
         self.replicate = replicate  # HSDP: the replicas that all-reduce each reduced shard
-        self.role = "dp_shard" if len(replicate) > 1 else "dp"
+        self.role = role  # the group's name: dp, dp_shard (HSDP) or dp-cp (CP)
         self.units = unit_numel  # unit key (layer or ROOT) -> TP-local parameter count
         self.reshard = reshard
         self.every_mb = every_mb

@@ -2,8 +2,9 @@
 
 The plan fields every pass reads, computed once per rank: which chunks (and so which
 layers) the stage runs, its parameter tensors in PyTorch's registration order (the
-embedding on the first stage, the layers, the final norm and head on the last; the head's
-own copy of a tied embedding when the embedding lives on another stage), the op after
+embedding on the stage of chunk 0, the layers, the final norm and head on the stage of the
+last chunk, the last stage or, in a V, the first (``Job.placement``); the head's own copy of
+a tied embedding when the embedding lives on another stage), the op after
 which each tensor's gradient is ready (DDP and ZeRO buckets) and the parameter count of
 each FSDP unit (one per layer plus a root holding the embedding and the head).
 """

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from twin.schedule.context import apply_cp
 from twin.schedule.data import apply_dp
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.ir import Program
-from twin.schedule.moe import apply_expert_dp, apply_moe
+from twin.schedule.moe import apply_expert_dp, apply_moe, expert_norm_group
 from twin.schedule.p2p import apply_pp
 from twin.schedule.passes import EMBED, HEAD_UNIT, LAYER, Pass, Unit
 from twin.schedule.pipeline import SPLIT_SCHEDULES, Action, interleaved_warmup, stage_order
@@ -35,6 +36,7 @@ from twin.schedule.tables import job_tables
 from twin.schedule.tensor import apply_tp
 from twin.schedule.zerobubble import post_recvs
 from twin.spec import Job
+from twin.workload.context import dp_dims, local_model
 from twin.workload.memory import model_state_bytes
 from twin.workload.moememory import expert_state_delta, optimizer_params
 from twin.workload.params import stage_params
@@ -45,13 +47,15 @@ class StepBuilder:
 
     def __init__(self, job: Job, rank: int):
         self.job, self.rank = job, rank
-        par, grid, model = job.parallel, job.grid, job.model
+        par, grid = job.parallel, job.grid
+        model = local_model(job.model, par)  # under CP the passes see the s/cp tokens a rank holds
         self.b = b = ProgramBuilder(job, rank)
         self.stage = grid.coord(rank, "pp")
         self.layout = layout = stage_layout(job, self.stage)
-        dp_group = grid.group(rank, "dp")
+        dp_group = grid.group(rank, dp_dims(par))  # dp, or dp x cp under CP
         self.tp = apply_tp(b, model, par, grid.group(rank, "tp"), layout.tensors)
         self.tp.moe = apply_moe(b, job, rank, self.tp)  # MoE layers' experts (None: dense)
+        self.tp.cp = apply_cp(b, job, rank)  # CP's attention core over the CP group (None: cp=1)
         self.pp = apply_pp(b, model, par, grid.group(rank, "pp"), self.stage, job.placement)
         self.held: dict[tuple[int, int], list] = {}  # (mb, chunk) -> I's units, W ops held
         # The passes, in the order they are applied (torchtitan's parallelize: apply_tp ->
@@ -152,11 +156,7 @@ class StepBuilder:
 
     def act(self, action: Action) -> None:
         """Receive, compute, send: one action with its own p2p (GPipe, 1F1B: Megatron's
-        send_forward_recv_backward and send_backward_recv_forward fall together as one batch).
-        W has no p2p: nobody waits for a weight gradient but the optimizer."""
-        if action.phase == "W":
-            self.weights(action)
-            return
+        send_forward_recv_backward and send_backward_recv_forward fall together as one batch)."""
         out = self.compute(action, self.receive(action))
         self.pp.send(self.ctx_of(action), action.chunk, out)
 
@@ -169,7 +169,7 @@ class StepBuilder:
             k = (a.phase == "F", a.mb, a.chunk)
             if kind == "recv":
                 inputs[k] = self.receive(a)
-            elif a.phase == "W":
+            elif a.phase == "W":  # no p2p: nobody waits for a weight gradient but the optimizer
                 self.weights(a)
             else:
                 self.pp.send(self.ctx_of(a), a.chunk, self.compute(a, inputs.pop(k, None)))
@@ -212,7 +212,7 @@ class StepBuilder:
             waits += p.finalize_grads(ctx, waits)
         # over the whole dp group under HSDP too, as PyTorch's clip_grad_norm_ of the 2-D
         # mesh's DTensor gradients does
-        dims = ["tp", "pp"] + (["dp"] if par.zero_stage >= 1 else [])
+        dims = ["tp", "pp"] + (dp_dims(par).split("-") if par.zero_stage >= 1 else [])
         norm_group = self.job.grid.group(self.rank, dims)
         local = optimizer_params(self.job, self.stage)  # (MoE: experts' share over edp)
         # clipping to a global norm: the squares of the local gradients summed (one read),
@@ -220,7 +220,13 @@ class StepBuilder:
         squares = b.elementwise(ctx, "grad_norm", local, waits, tensors=1, flops_per_element=2)
         norm = b.collective(ctx, "grad_norm.ar", "all_reduce", norm_group, "-".join(dims), 4,
                             [squares], stream="comm")
-        norm = b.elementwise(ctx, "clip", local, [squares if norm is None else norm], tensors=2)
+        norm = squares if norm is None else norm
+        experts = expert_norm_group(self.job, self.rank)  # MoE: the experts' own norm group
+        if experts is not None:
+            e_norm = b.collective(ctx, "expert.grad_norm.ar", "all_reduce", experts[0],
+                                  experts[1], 4, [norm], stream="comm")
+            norm = norm if e_norm is None else e_norm
+        norm = b.elementwise(ctx, "clip", local, [norm], tensors=2)
         step = b.optimizer(ctx, "adam", local, [norm] + waits,
                            fused=par.optimizer_kernels == "fused")
         for p in self.passes:

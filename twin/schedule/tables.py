@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from twin.schedule import zerobubble
 from twin.schedule.pipeline import SPLIT_SCHEDULES, Action, peak_in_flight, stage_order
 from twin.schedule.torchcsv import load_table
@@ -36,3 +38,32 @@ def inflight(job: Job, stage: int) -> tuple[float, int] | None:
     last = job.parallel.num_stages - 1
     return (peak_in_flight(order) / job.parallel.pp_virtual_stages,
             peak_in_flight([a for a in order if a.chunk == last]))
+
+
+def held_layer_bytes(job: Job, stage: int, kept: float, recomputed: float) -> float:
+    """Peak bytes of the stage's layers' activations walked on its table: a chunk's forward
+    keeps ``kept`` per layer until its B or W; under a split backward with full
+    recomputation its I re-creates ``recomputed`` per layer, held until its W (the weight
+    gradients need them)."""
+    layers = Counter(_chunk_of(job, layer) for layer in job.layers_on_stage(stage))
+    live = peak = 0.0
+    for a in job_tables(job)[stage]:
+        n = layers.get(a.chunk, 0)
+        if a.phase == "F":
+            live += kept * n
+        elif a.phase == "I":
+            live += recomputed * n
+        elif a.phase in ("B", "W"):
+            live -= (kept + (recomputed if a.phase == "W" else 0.0)) * n
+        peak = max(peak, live)
+    return peak
+
+
+def _chunk_of(job: Job, layer: int) -> int:
+    """The model chunk holding global layer ``layer``."""
+    end = 0
+    for c, n in enumerate(job.stage_layers):
+        end += n
+        if layer < end:
+            return c
+    raise ValueError(f"layer {layer} is past the model's {end} layers")

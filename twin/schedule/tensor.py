@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from twin.schedule.asynctp import AsyncTP, GemmSpec
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.passes import EMBED, LAYER, Pass, Unit
 from twin.schedule.stage import HEAD, Key
@@ -62,6 +63,10 @@ class TensorParallel(Pass):
         self.rope = m.position_embedding == "rope"
         self.paradigm = "sp" if self.sp else ("tp" if self.tp > 1 else "")
         self.moe = None  # a MoE model's expert layers (twin/schedule/moe.py), set by the step
+        self.cp = None  # context parallelism's attention core (twin/schedule/context.py), same
+        self.async_tp = AsyncTP(out, group, self.tokens, self.h) \
+            if par.async_tp and self.tp > 1 else None
+        """Async TP: the SP collectives and their GEMMs as chunked, overlapped steps."""
         self.deferred: list | None = None
         """Split backward (I then W): the weight-gradient ops held back for the W action, as
         (grads, name, emit); None: emitted in place."""
@@ -138,36 +143,61 @@ class TensorParallel(Pass):
         """Backward of g: all-gather under SP (identity under plain TP)."""
         return self._f(ctx, local, x)
 
+    def _ag_gemms(self, ctx: Ctx, local: str, x: Idx,
+                  specs: list[GemmSpec]) -> tuple[Idx, list[Idx]]:
+        """An all-gather (SP; none under plain TP) feeding column-parallel GEMMs, or their
+        chunked fusion under async TP: (the gathered input, each GEMM's output). In
+        backward the gather is g's (an all-reduce under plain TP, after the GEMMs' input)."""
+        if self.async_tp is not None:
+            return self.async_tp.gather_gemms(ctx, local, x, specs)
+        y = self._f(ctx, local, x) if not local.endswith(".bwd") else self._g_bwd(ctx, local, x)
+        outs: list[Idx] = []
+        for spec in specs:
+            extra = [outs[-1]] if spec.chained and outs else []
+            outs.append(self.b.gemm(ctx, spec.name, self.tokens, spec.n, spec.k, [y] + extra))
+        return y, outs
+
+    def _gemms_rs(self, ctx: Ctx, local: str, deps: list, specs: list[GemmSpec], *,
+                  backward: bool = False) -> Idx:
+        """Row-parallel GEMMs (or a column-parallel GEMM's input gradient, ``backward``)
+        followed by their all-reduce (TP) or reduce-scatter (SP), or their chunked fusion
+        under async TP."""
+        if self.async_tp is not None:
+            return self.async_tp.gemms_scatter(ctx, local, deps, specs)
+        out: Idx = None
+        for spec in specs:
+            extra = [out] if spec.chained and out is not None else []
+            out = self.b.gemm(ctx, spec.name, self.tokens, spec.n, spec.k, list(deps) + extra)
+        return self._f_bwd(ctx, local, out) if backward else self._g(ctx, local, out)
+
     # -- one layer -----------------------------------------------------------------
     def layer_forward(self, ctx: Ctx, x: Idx) -> Idx:
         """norm1, [AG], QKV, attention, out-proj, [AR|RS], residual, norm2, [AG], MLP, [AR|RS],
         residual."""
         b, n, lt = self.b, self.tokens, self.local_tokens
         x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5)
-        x = self._f(ctx, "ag1", x)
-        x = b.gemm(ctx, "qkv", n, self.q + 2 * self.kv, self.h, [x])
+        _, (x,) = self._ag_gemms(ctx, "ag1", x, [GemmSpec("qkv", self.q + 2 * self.kv, self.h)])
         if self.rope:  # rotate the queries and keys (read and write them once, fused)
             x = b.elementwise(ctx, "rope", n * (self.q + self.kv), [x], tensors=2,
                               flops_per_element=3)
         x = b.attention(ctx, "attn", self.mb, self.heads, self.kv_heads, self.model.seq_len,
-                        self.d, [x], eager=self.eager)
-        x = b.gemm(ctx, "out_proj", n, self.h, self.q, [x])
-        x = self._g(ctx, "ar1" if not self.sp else "rs1", x)
+                        self.d, [x], eager=self.eager) if self.cp is None else self.cp.forward(ctx, x)
+        x = self._gemms_rs(ctx, "ar1" if not self.sp else "rs1", [x],
+                           [GemmSpec("out_proj", self.h, self.q)])
         x = b.elementwise(ctx, "resid1", lt * self.h, [x], tensors=3)
         x = b.elementwise(ctx, "norm2", lt * self.h, [x], tensors=2, flops_per_element=5)
         if self.moe is not None and self.moe.is_moe(ctx.layer):
             x = self.moe.forward(ctx, x)
             return b.elementwise(ctx, "resid2", lt * self.h, [x], tensors=3)
-        x = self._f(ctx, "ag2", x)
         if self.model.activation == "swiglu":
-            g = b.gemm(ctx, "fc_gate", n, self.f, self.h, [x])
-            u = b.gemm(ctx, "fc_up", n, self.f, self.h, [x])
+            _, (g, u) = self._ag_gemms(ctx, "ag2", x, [GemmSpec("fc_gate", self.f, self.h),
+                                                      GemmSpec("fc_up", self.f, self.h)])
             x = b.elementwise(ctx, "act", n * self.f, [g, u], tensors=3, flops_per_element=4)
         else:
-            x = b.gemm(ctx, "fc1", n, self.f, self.h, [x])
+            _, (x,) = self._ag_gemms(ctx, "ag2", x, [GemmSpec("fc1", self.f, self.h)])
             x = b.elementwise(ctx, "act", n * self.f, [x], tensors=2, flops_per_element=8)
-        x = b.gemm(ctx, "fc2", n, self.h, self.f, [x])
-        x = self._g(ctx, "ar2" if not self.sp else "rs2", x)
+        x = self._gemms_rs(ctx, "ar2" if not self.sp else "rs2", [x],
+                           [GemmSpec("fc2", self.h, self.f)])
         return b.elementwise(ctx, "resid2", lt * self.h, [x], tensors=3)
 
     def layer_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int], *,
@@ -180,21 +210,21 @@ class TensorParallel(Pass):
         if self.moe is not None and self.moe.is_moe(ctx.layer):
             r = self.moe.backward(ctx, g, grads)
             return self._attention_backward(ctx, r, grads, recompute_attention)
-        g = self._g_bwd(ctx, "rs2.bwd" if self.sp else "ar2.bwd", g)
-        d = b.gemm(ctx, "fc2.dgrad", n, self.f, self.h, [g])
+        g, (d,) = self._ag_gemms(ctx, "rs2.bwd" if self.sp else "ar2.bwd", g,
+                                 [GemmSpec("fc2.dgrad", self.f, self.h)])
         self._weight(grads, "fc2.wgrad", partial(b.gemm, ctx, "fc2.wgrad", self.f, self.h, n, [g]))
         if self.model.activation == "swiglu":
             a = b.elementwise(ctx, "act.bwd", n * self.f, [d], tensors=5, flops_per_element=8)
-            d1 = b.gemm(ctx, "fc_gate.dgrad", n, self.h, self.f, [a])
-            d2 = b.gemm(ctx, "fc_up.dgrad", n, self.h, self.f, [a, d1])
-            r = self._f_bwd(ctx, "ag2.bwd", d2)
+            r = self._gemms_rs(ctx, "ag2.bwd", [a], [GemmSpec("fc_gate.dgrad", self.h, self.f),
+                                                     GemmSpec("fc_up.dgrad", self.h, self.f, True)],
+                               backward=True)
             self._weight(grads, "fc_gate.wgrad",
                          partial(b.gemm, ctx, "fc_gate.wgrad", self.h, self.f, n, [a]))
             self._weight(grads, "fc_up.wgrad", partial(b.gemm, ctx, "fc_up.wgrad", self.h, self.f, n, [a]))
         else:
             a = b.elementwise(ctx, "act.bwd", n * self.f, [d], tensors=3, flops_per_element=8)
-            d1 = b.gemm(ctx, "fc1.dgrad", n, self.h, self.f, [a])
-            r = self._f_bwd(ctx, "ag2.bwd", d1)
+            r = self._gemms_rs(ctx, "ag2.bwd", [a], [GemmSpec("fc1.dgrad", self.h, self.f)],
+                               backward=True)
             self._weight(grads, "fc1.wgrad", partial(b.gemm, ctx, "fc1.wgrad", self.h, self.f, n, [a]))
         return self._attention_backward(ctx, r, grads, recompute_attention)
 
@@ -205,18 +235,19 @@ class TensorParallel(Pass):
         g = b.elementwise(ctx, "norm2.bwd", lt * self.h, [r], tensors=3, flops_per_element=8)
         grads["norm2.bwd"] = g
         g = b.elementwise(ctx, "resid1.bwd", lt * self.h, [g], tensors=3)
-        g = self._g_bwd(ctx, "rs1.bwd" if self.sp else "ar1.bwd", g)
-        d = b.gemm(ctx, "out_proj.dgrad", n, self.q, self.h, [g])
+        g, (d,) = self._ag_gemms(ctx, "rs1.bwd" if self.sp else "ar1.bwd", g,
+                                 [GemmSpec("out_proj.dgrad", self.q, self.h)])
         self._weight(grads, "out_proj.wgrad", partial(b.gemm, ctx, "out_proj.wgrad", self.q, self.h, n, [g]))
         # backward of attention: 2x forward; flash attention recomputes the scores (+0.5x)
         scale = 2.5 if (self.par.flash_attention and recompute_attention is None) else 2.0
         a = b.attention(ctx, "attn.bwd", self.mb, self.heads, self.kv_heads, self.model.seq_len,
-                        self.d, [d, recompute_attention], flops_scale=scale, eager=self.eager)
+                        self.d, [d, recompute_attention], flops_scale=scale, eager=self.eager) \
+            if self.cp is None else self.cp.backward(ctx, [d, recompute_attention], scale)
         if self.rope:  # the inverse rotation of the query and key gradients
             a = b.elementwise(ctx, "rope.bwd", n * (self.q + self.kv), [a], tensors=2,
                               flops_per_element=3)
-        d = b.gemm(ctx, "qkv.dgrad", n, self.h, self.q + 2 * self.kv, [a])
-        r = self._f_bwd(ctx, "ag1.bwd", d)
+        r = self._gemms_rs(ctx, "ag1.bwd", [a], [GemmSpec("qkv.dgrad", self.h, self.q + 2 * self.kv)],
+                           backward=True)
         self._weight(grads, "qkv.wgrad",
                      partial(b.gemm, ctx, "qkv.wgrad", self.h, self.q + 2 * self.kv, n, [a]))
         g = b.elementwise(ctx, "norm1.bwd", lt * self.h, [r], tensors=3, flops_per_element=8)
@@ -225,6 +256,8 @@ class TensorParallel(Pass):
 
     def attention_recompute(self, ctx: Ctx, x: Idx) -> int:
         """Selective recomputation: the attention core forward again (Korthikanti §5)."""
+        if self.cp is not None:
+            return self.cp.forward(ctx, x)
         return self.b.attention(ctx, "attn", self.mb, self.heads, self.kv_heads,
                                 self.model.seq_len, self.d, [x], eager=self.eager)
 

@@ -6,7 +6,8 @@ cannot start earlier (``CostModel.host_time``). When the host synchronizes with 
 it stops issuing until the device has finished what it was given: Megatron's pipeline
 exchange calls ``batch_isend_irecv``, waits on the requests and then
 ``torch.cuda.synchronize()`` ("to protect against race condition"), so with
-``CostModel.p2p_host_sync`` every run of consecutive send/recv ops is a sync point. An op
+``CostModel.p2p_host_sync`` every run of consecutive pipeline send/recv ops is a sync point
+(async TP's TP-ring transfers run on copy engines and hold nothing back). An op
 j after sync point s is issued at max(H_j, T_s + H_j - H_s), T_s being when the last op
 issued before the sync (on every stream, the batch included) has finished.
 """
@@ -47,7 +48,7 @@ def host_plan(ops: list[Op], cost: CostModel) -> HostPlan | None:
         if h is None:
             h = memo[key] = cost.host_time(op)
         host.append(h)
-    sync = cost.p2p_host_sync and any(op.is_p2p for op in ops)
+    sync = cost.p2p_host_sync and any(_pipeline_p2p(op) for op in ops)
     if not sync and not any(host):
         return None
     issue = list(itertools.accumulate(host))
@@ -61,7 +62,7 @@ def host_plan(ops: list[Op], cost: CostModel) -> HostPlan | None:
         sync_of[i] = current
         last_of_stream[op.stream if not op.is_p2p else f"p2p{i}"] = i
         nxt = ops[timed[k + 1]] if k + 1 < len(timed) else None
-        if sync and op.is_p2p and (nxt is None or not nxt.is_p2p):  # the batch ends here
+        if sync and _pipeline_p2p(op) and (nxt is None or not _pipeline_p2p(nxt)):  # batch ends
             waits[i] = tuple(sorted(set(last_of_stream.values())))
             last_of_stream = {s: j for s, j in last_of_stream.items() if not s.startswith("p2p")}
             current = i
@@ -69,3 +70,9 @@ def host_plan(ops: list[Op], cost: CostModel) -> HostPlan | None:
         if op.stream == "mem":
             sync_of[i] = -1
     return HostPlan(issue, sync_of, waits)
+
+
+def _pipeline_p2p(op: Op) -> bool:
+    """A send or recv of the pipeline's exchange (group pp), where Megatron's host waits."""
+    return op.is_p2p and op.group_name == "pp"
+

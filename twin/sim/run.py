@@ -86,7 +86,7 @@ def estimate_work(job: Job, fold: str = "none", steps: int = 1) -> WorkEstimate:
     dp_colls = 0 if grid.size("dp") == 1 else layers * per_layer
     tp_colls = 0 if p.tp == 1 else TP_COLLECTIVES_PER_LAYER * layers * m
     members = simulated * (dp_colls * fold_of["dp"] + tp_colls * fold_of["tp"])
-    group = sum(grid.size(d) for d in ("dp", "tp", "pp") if grid.size(d) > 1)
+    group = sum(grid.size(d) for d in ("dp", "tp", "pp", "cp") if grid.size(d) > 1)
     ops = OPS_PER_LAYER * layers * m + OPS_PER_LAYER // 4 * layers  # + the step's own ops
     return WorkEstimate(grid.world_size, simulated, ops, members, simulated * group, steps)
 
@@ -194,6 +194,8 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
     degraded link no flow crossed warns once (twin.sim.whatif.warn_idle_links)."""
     t0 = time.perf_counter()
     cost = cost or default_cost_model(job.cluster)
+    if job.parallel.compile:  # torch.compile: elementwise chains fused (CostModel.compiled)
+        cost = cost.compiled()
     options, notes = resolve_options(job, options or SimOptions(), steps)
     if trace is not None and trace not in TRACE_LEVELS:
         raise ConfigError(f"trace={trace!r} is not one of {'|'.join(TRACE_LEVELS)}")

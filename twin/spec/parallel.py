@@ -122,6 +122,16 @@ class ParallelPlan:
     optimizer_dtype: str = "fp32"
     """Adam's momentum and variance: fp32 (PyTorch's and Megatron's default) or bf16."""
 
+    compile: bool = False
+    """torch.compile of each layer (torchtitan's compile.enable): its elementwise chains run
+    as fused kernels, so the profile's eager factor (CostModel.eager_elementwise) is taken
+    out of their cost; FP8 casts fuse the same way. False: eager PyTorch."""
+
+    async_tp: bool = False
+    """Async TP (torchtitan's enable_async_tensor_parallel, micro-pipeline TP): each SP
+    all-gather -> GEMM and GEMM -> reduce-scatter pair runs as tp chunked steps, partial
+    GEMMs overlapping the ring transfers (twin/schedule/asynctp.py). Needs tp > 1 and sp."""
+
     def __post_init__(self) -> None:
         if self.pp_stage_layers is not None:
             object.__setattr__(self, "pp_stage_layers", tuple(self.pp_stage_layers))
@@ -156,6 +166,16 @@ class ParallelPlan:
             problems.append(str(err))
         raise_if(problems)
 
+        if self.async_tp and self.tp == 1:
+            problems.append("parallel.async_tp=true overlaps tensor-parallel communication but "
+                            "parallel.tp=1; set parallel.tp > 1 (with sp=true) or async_tp=false")
+        elif self.async_tp and not self.sp:
+            problems.append("parallel.async_tp=true works on sequence parallelism's all-gathers "
+                            "and reduce-scatters (as torchtitan's); set parallel.sp=true or "
+                            "async_tp=false")
+        elif self.async_tp and not self.compile:
+            problems.append("parallel.async_tp=true is a torch.compile pass (micro-pipeline TP): "
+                            "set parallel.compile=true or async_tp=false")
         if self.sp and self.tp == 1:
             problems.append("parallel.sp=true needs tensor parallelism but parallel.tp=1; "
                             "set parallel.tp > 1 or parallel.sp=false")

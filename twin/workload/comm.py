@@ -18,7 +18,9 @@ what the rank itself sends with ring algorithms: 2(n-1)/n * S for all-reduce,
   shard (Psi / dp_shard) over the dp_replicate group.
 - TP: per layer and micro-batch two all-reduces of b*s*h forward and two backward
   (Narayanan §3.2); with SP the same bytes as all-gathers and reduce-scatters
-  (Korthikanti §4.2.2); full recompute repeats the forward two.
+  (Korthikanti §4.2.2); full recompute repeats the forward two. Async TP sends each of a
+  layer's all-gathers and reduce-scatters as tp - 1 ring steps of b*s*h/t (the same wire
+  bytes).
 - CP: every token-proportional message above on s/cp tokens, gradients over dp x cp, and
   the attention's KV exchange per layer (twin/workload/context.py).
 - PP: b*s*h forward to the next stage and backward to the previous per
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from twin.spec import Job
 from twin.vocab import wire_factor
 from twin.workload.context import dp_dims, step_calls
-from twin.workload.params import layer_params, norm_params, stage_params, vocab_rows
+from twin.workload.params import fsdp_layer_units, norm_params, stage_params, vocab_rows
 
 
 @dataclass
@@ -92,8 +94,7 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
         else:
             # layer units gathered for forward and again for backward; the root unit
             # (embedding, head) stays gathered from forward to backward
-            root_bytes = (stage_params(job, stage) - len(job.layers_on_stage(stage))
-                          * layer_params(model, par.tp).total) * e
+            root_bytes = (stage_params(job, stage) - sum(fsdp_layer_units(job, stage))) * e
             gathers = 2 if par.fsdp_reshard_after_forward else 1
             dp.add("all_gather", m, gathers * (psi_bytes - root_bytes) + root_bytes)
             dp.add("reduce_scatter", syncs, psi_bytes)
@@ -108,7 +109,9 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
         tp = GroupTraffic("tp", par.tp)
         layers = len(job.layers_on_stage(stage))
         per_layer = 4 + (2 if par.recompute == "full" else 0)
-        if par.sp:  # each all-reduce becomes a reduce-scatter and an all-gather
+        if par.async_tp:  # each layer's SP pair as tp - 1 ring steps of a chunk (asynctp.py)
+            tp.add("send", layers * m * per_layer * 2 * (par.tp - 1), bsh / par.tp)
+        elif par.sp:  # each all-reduce becomes a reduce-scatter and an all-gather
             tp.add("all_gather", layers * m * per_layer, bsh)
             tp.add("reduce_scatter", layers * m * per_layer, bsh)
         else:

@@ -23,16 +23,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+from twin.schedule.tables import held_layer_bytes
+from twin.schedule.tables import inflight as table_inflight
 from twin.spec import ClusterSpec, Job, ModelSpec
 from twin.spec.parallel import OPTIMIZER_STATE_BYTES
+from twin.workload import context as cp  # context parallelism: s/cp tokens, KV buffers
 from twin.workload.comm import step_traffic
-from twin.workload.context import buffer_bytes as cp_buffer_bytes
-from twin.workload.context import local_model
 from twin.workload.moememory import moe_memory_delta
 from twin.workload.params import (
     embedding_tensors,
+    fsdp_layer_units,
     kv_heads_per_rank,
-    layer_params,
     layer_tensors,
     stage_params,
     vocab_rows,
@@ -156,14 +157,12 @@ def inflight_microbatches(job: Job, stage: int) -> float:
 
     GPipe: all m; 1F1B: min(m, p - i) (Narayanan §2.2.1); interleaved: Megatron's
     warm-up 2(p - i - 1) + (v - 1)p plus one, in chunks of 1/v of the stage, which on
-    stage 0 gives Korthikanti's p(1 + (p-1)/(p v)). Without pipelining, one. Split-backward
-    and CSV tables: walked on the table (twin.schedule.tables.inflight).
-    """
+    stage 0 gives Korthikanti's p(1 + (p-1)/(p v)). Without pipelining, one. Split
+    backward, CSV tables: walked on the table (twin.schedule.tables.inflight)."""
     p, m, v = job.parallel.pp, job.parallel.num_microbatches, job.parallel.pp_virtual_stages
     if p == 1:
         return 1.0
-    from twin.schedule.tables import inflight
-    if (walked := inflight(job, stage)) is not None:
+    if (walked := table_inflight(job, stage)) is not None:
         return walked[0]
     if job.parallel.pp_schedule == "gpipe":
         return float(m)
@@ -197,7 +196,7 @@ def rank_memory(job: Job, rank: int, recompute: str | None = None) -> Memory:
 def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
     """Model states, activations and buffers of one rank at its peak (under CP the activations
     of s/cp tokens, plus the attention's KV buffers: twin.workload.context)."""
-    model, par = local_model(job.model, job.parallel), job.parallel
+    model, par = cp.local_model(job.model, job.parallel), job.parallel
     stage = job.grid.coord(rank, "pp")
     psi = stage_params(job, stage)
     e = model.dtype_bytes
@@ -211,6 +210,9 @@ def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
     n_layers = len(job.layers_on_stage(stage))
     inflight = inflight_microbatches(job, stage)
     acts = per_layer * n_layers * inflight
+    if recompute == "full" and par.pp > 1 and table_inflight(job, stage) is not None:  # I to W
+        acts = held_layer_bytes(job, stage, per_layer, activation_bytes_per_layer(
+            model, b, par.tp, par.sp, "none", par.flash_attention))
     sp_div = par.tp if par.sp else 1
     if stage == 0 and model.dropout:
         acts += s * b * model.hidden_size / sp_div * max(1.0, inflight)  # embedding dropout mask
@@ -218,11 +220,10 @@ def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
         # final norm input, LM head input, fp32 logits (Korthikanti §4.3): one micro-batch
         # in flight on the last stage, except under GPipe (all m) and tables walked
         head_inflight = par.num_microbatches if par.pp > 1 and par.pp_schedule == "gpipe" else 1
-        from twin.schedule.tables import inflight
-        head_inflight = (inflight(job, stage) or (0, head_inflight))[1] if par.pp > 1 else 1
+        head_inflight = (table_inflight(job, stage) or (0, head_inflight))[1] if par.pp > 1 else 1
         acts += head_inflight * (2 * e * s * b * model.hidden_size / sp_div
                                  + 4 * s * b * vocab_rows(model, par.tp))
-    buffers = cp_buffer_bytes(job.model, par)
+    buffers = cp.buffer_bytes(job.model, par)
     if par.zero_stage == 3 and par.dp * par.cp > 1:
         # FSDP units: the root (embedding, head) stays gathered from its first forward to its
         # backward, with its unsharded gradient; layer units: the current one and the
@@ -230,12 +231,13 @@ def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
         # grad; without a sync every micro-batch, every unit's unsharded grad is kept, and
         # FSDP2 accumulates it in its reduce dtype (_fsdp_param_group.py: "an accumulated
         # gradient of the reduce dtype"), fp32 by default in torchtitan
-        unit = layer_params(model, par.tp).total
-        root = psi - n_layers * unit
-        gathered = 2 * unit if par.fsdp_reshard_after_forward else n_layers * unit
+        units = fsdp_layer_units(job, stage)
+        unit, layers = max(units, default=0), sum(units)
+        root = psi - layers
+        gathered = 2 * unit if par.fsdp_reshard_after_forward else layers
         buffers += (2 * root + gathered + unit) * e
         if not par.sync_every_microbatch and par.num_microbatches > 1:
-            buffers += (root + n_layers * unit) * FSDP_REDUCE_BYTES - (root + unit) * e
+            buffers += (root + layers) * FSDP_REDUCE_BYTES - (root + unit) * e
     moe = moe_memory_delta(job, rank, recompute, inflight_microbatches(job, stage),
                            model_state_bytes)  # MoE layers' experts, routed activations
     return Memory(params=states.params + moe["params"], grads=states.grads + moe["grads"],
@@ -318,6 +320,8 @@ def comm_buffer_bytes(job: Job, rank: int) -> float:
             ends = par.pp_schedule != "interleaved" and stage in (0, par.pp - 1)
             peers = 1 if par.pp == 2 or ends else 2
             total += peers * NCCL_P2P_CHANNELS_PER_PEER * NCCL_CONNECTION_BYTES
+        elif name == "cp" and par.cp_method == "ring":  # send/recv to the ring's neighbours
+            total += min(2, par.cp - 1) * NCCL_P2P_CHANNELS_PER_PEER * NCCL_CONNECTION_BYTES
         else:
             total += NCCL_CHANNELS * NCCL_CONNECTION_BYTES
     return total
@@ -360,7 +364,7 @@ def temporary_bytes(job: Job, rank: int, recompute: str | None = None) -> float:
     """The largest transient at the rank's peak: one layer's backward (every stage) or the
     loss (the last stage), whichever is larger; both come when nearly every activation is
     still held (end of forward, start of backward)."""
-    model, par = local_model(job.model, job.parallel), job.parallel
+    model, par = cp.local_model(job.model, job.parallel), job.parallel
     recompute = recompute or par.recompute
     b = par.micro_batch_size
     tp, sp = (1, False) if par.legacy_dp else (par.tp, par.sp)

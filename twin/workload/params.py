@@ -233,3 +233,12 @@ def stage_params(job: Job, stage: int) -> int:
     if stage == head_stage:
         n += head_params(model, tp, holds_copy=head_stage != embed_stage and model.tie_embeddings)
     return n
+
+
+def fsdp_layer_units(job: Job, stage: int) -> list[int]:
+    """Each layer's parameters on one rank of ``stage`` that the dense data-parallel pass
+    reduces (FSDP's layer units: ``synced_layer_tensors``, a MoE layer's routed experts
+    included when they live on the dense groups); the stage's root unit (embedding, head)
+    is ``stage_params`` less their sum."""
+    return [sum(t.numel for t in synced_layer_tensors(job.model, job.parallel, i))
+            for i in job.layers_on_stage(stage)]

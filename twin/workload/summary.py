@@ -69,12 +69,15 @@ def inspect_job(job: Job) -> dict:
         "plan": {"dp": par.dp, "tp": par.tp, "pp": par.pp, "sp": par.sp,
                  "zero_stage": par.zero_stage, "legacy_dp": par.legacy_dp,
                  "dp_replicate": par.dp_replicate, "dp_shard": par.shard_degree,
-                 "pp_schedule": par.pp_schedule if par.pp > 1 else None,
+                 "pp_schedule": (f"csv {par.pp_schedule_csv}" if par.pp_schedule_csv
+                                 else par.pp_schedule) if par.pp > 1 else None,
                  "pp_virtual_stages": par.pp_virtual_stages, "recompute": par.recompute,
                  "flash_attention": par.flash_attention,
                  "micro_batch_size": par.micro_batch_size,
                  "global_batch_size": par.global_batch_size,
-                 "num_microbatches": par.num_microbatches},
+                 "num_microbatches": par.num_microbatches,
+                 **({"cp": par.cp, "cp_method": par.cp_method,
+                     "cp_load_balance": par.cp_load_balance} if par.cp > 1 else {})},
         "params_total": model_params(model),
         "params_active": active_params(model),
         "tokens_per_step": par.global_batch_size * model.seq_len,
@@ -113,7 +116,8 @@ def format_inspect(rep: dict) -> str:
     lines = [
         f"{rep['model']} on {rep['cluster']}: {rep['num_nodes']} node(s), {rep['world_size']} x "
         f"{rep['gpu']} ({rep['hbm_bytes'] / 1e9:.0f} GB)",
-        f"plan: dp={p['dp']} ({kind}) tp={p['tp']}{' +sp' if p['sp'] else ''}{pipe}; "
+        f"plan: dp={p['dp']} ({kind}) tp={p['tp']}{' +sp' if p['sp'] else ''}{pipe}"
+        + (f" cp={p['cp']} ({p['cp_method']}, {p['cp_load_balance']})" if "cp" in p else "") + "; "
         f"recompute={p['recompute']}, {'flash' if p['flash_attention'] else 'eager'} attention",
         f"batch: {p['global_batch_size']} sequences = {p['num_microbatches']} micro-batch(es) of "
         f"{p['micro_batch_size']} per DP rank; {_si(rep['tokens_per_step'])} tokens/step",

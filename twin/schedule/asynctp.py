@@ -1,0 +1,93 @@
+"""Async tensor parallelism: each SP all-gather -> GEMM and GEMM -> reduce-scatter pair as tp
+chunked steps whose partial GEMMs overlap the transfers (PyTorch's micro-pipeline TP, which
+torchtitan turns on with ``enable_async_tensor_parallel``; Wang et al. 2022, "Overlap
+communication with dependent computation via decomposition").
+
+All-gather -> GEMM (``_pipelined_all_gather_and_consume``): every rank copies its chunk of
+the sequence to each peer (tp - 1 copies of b*s*h/tp bytes, straight from its owner through
+symmetric memory) while it multiplies its own chunk; then each received chunk in turn: tp
+partial GEMMs of b*s/tp rows. GEMM -> reduce-scatter (``_pipelined_produce_and_all2all``):
+step s multiplies the rows of the chunk a peer owns and copies that partial product to it
+while the next step multiplies; the rank's own chunk comes last, and one kernel sums its
+partial with the tp - 1 received. The same wire bytes as the ring all-gather and
+reduce-scatter: (tp - 1)/tp of the activation per rank. The partial GEMMs have tp times
+fewer rows, so the cost model's tile and wave quantization prices them at their own (lower)
+efficiency. The copies are TP-group send/recv (``group_name`` tp, on copy engines: no host
+sync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from twin.schedule.emit import Ctx, Idx, ProgramBuilder
+
+
+class GemmSpec(NamedTuple):
+    """One GEMM of a pair: its local name, output columns and inner dimension; ``chained``
+    GEMMs also wait for the GEMM before them (accumulating into the same output)."""
+
+    name: str
+    n: int
+    k: int
+    chained: bool = False
+
+
+class AsyncTP:
+    """Emits the chunked steps for one rank of its TP ``group``."""
+
+    def __init__(self, out: ProgramBuilder, group: tuple[int, ...], tokens: int, hidden: int):
+        self.b = out
+        self.group = group
+        self.tp = len(group)
+        self.me = group.index(out.rank)
+        self.rows = tokens // self.tp  # the rows of one chunk of the sequence
+        self.chunk_bytes = out.e * self.rows * hidden
+
+    def _exchange(self, ctx: Ctx, local: str, s: int, x: Idx) -> Idx:
+        """Step ``s``'s copy: ``x`` to the rank s + 1 places on in the group, the matching
+        chunk from the rank s + 1 places back (symmetric memory: each chunk straight from
+        its owner); returns the receive."""
+        tag = f"{ctx.prefix()}/{local}.s{s}"
+        to = self.group[(self.me + s + 1) % self.tp]
+        frm = self.group[(self.me - s - 1) % self.tp]
+        self.b.send(ctx, f"{local}.send.s{s}", to, tag, self.chunk_bytes, [x], group_name="tp")
+        return self.b.recv(ctx, f"{local}.recv.s{s}", frm, tag, self.chunk_bytes, [x],
+                           group_name="tp")
+
+    def _gemms(self, ctx: Ctx, specs: Sequence[GemmSpec], s: int, deps: list) -> list[Idx]:
+        outs: list[Idx] = []
+        for spec in specs:
+            extra = [outs[-1]] if spec.chained and outs else []
+            outs.append(self.b.gemm(ctx, f"{spec.name}.s{s}", self.rows, spec.n, spec.k,
+                                    deps + extra))
+        return outs
+
+    def gather_gemms(self, ctx: Ctx, local: str, x: Idx,
+                     specs: Sequence[GemmSpec]) -> tuple[Idx, list[Idx]]:
+        """All-gather ``x`` over TP fused with ``specs``: (the op after which the whole
+        gathered input is here, the last partial of each GEMM). Step 0 multiplies the
+        rank's own chunk while every copy is under way; step s the chunk received s-th."""
+        ctx = ctx.at(paradigm="async_tp")
+        chunks = [x] + [self._exchange(ctx, local, s, x) for s in range(self.tp - 1)]
+        outs: list[Idx] = []
+        for s, chunk in enumerate(chunks):
+            outs = self._gemms(ctx, specs, s, [chunk])
+        return chunks[-1], outs
+
+    def gemms_scatter(self, ctx: Ctx, local: str, deps: list,
+                      specs: Sequence[GemmSpec]) -> Idx:
+        """``specs`` fused with the reduce-scatter of their output over TP: step s computes
+        the partial product of the chunk that the rank s + 1 places on owns and copies it
+        there while step s + 1 computes; the rank's own chunk comes last, and one kernel
+        sums it with the tp - 1 received (reads tp chunks, writes one). Returns that sum."""
+        ctx = ctx.at(paradigm="async_tp")
+        received = []
+        part: Idx = None
+        for s in range(self.tp):
+            part = self._gemms(ctx, specs, s, list(deps))[-1]
+            if s < self.tp - 1:
+                received.append(self._exchange(ctx, local, s, part))
+        return self.b.elementwise(ctx, f"{local}.reduce", self.rows * specs[-1].n,
+                                  [part, *received], tensors=self.tp + 1)
