@@ -5,9 +5,11 @@ Run: python benchmarks/moe_whatif.py [--jobs N] [--only mixtral|deepseek] [--jso
 Mixtral 8x7B on 64 H100s (8 nodes, global batch 256 x 4K tokens) and DeepSeek-V3 (671B)
 on 256 H100s (32 nodes, global batch 1024 x 4K), each under 4 plans (EP degree and
 placement, pipeline depth, full FSDP vs HSDP), each with FP8 off and on (torchao-style
-tensorwise FP8 of the layers' linear GEMMs, parallel.float8). Every run is `paratwin
-simulate` with calibration=auto (the dgx_h100 profile, derived from published H100 kernel
-and NCCL figures, eager PyTorch elementwise costs) and fold=auto. Prints, per plan: step
+tensorwise FP8 of the layers' linear GEMMs, parallel.float8), all under torch.compile
+(parallel.compile=true: FP8 pays only compiled, where its casts fuse; in eager PyTorch the
+twin finds it 3-5% slower than bf16, as torchao warns). Every run is `paratwin simulate`
+with calibration=auto (the dgx_h100 profile, derived from published H100 kernel and NCCL
+figures) and fold=auto, full activation recomputation. Prints, per plan: step
 time, tokens/s per GPU, model TFLOP/s per GPU, MFU (and whose peak: bf16, or fp8 with FP8
 on), the all-to-all time not hidden behind compute (ep and edp groups), all exposed
 communication, the peak memory and whether it fits. Prints figures, asserts nothing. Takes
@@ -33,10 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MIXTRAL = ("model=mixtral_8x7b", "cluster=dgx_h100", "cluster.num_nodes=8",
-           "parallel.global_batch_size=256", "parallel.recompute=full")
-DEEPSEEK = ("model=deepseek_v3", "cluster=dgx_h100", "cluster.num_nodes=32",
-            "parallel.global_batch_size=1024", "parallel.recompute=full")
+COMMON = ("cluster=dgx_h100", "parallel.recompute=full", "parallel.compile=true")
+MIXTRAL = ("model=mixtral_8x7b", "cluster.num_nodes=8", "parallel.global_batch_size=256", *COMMON)
+DEEPSEEK = ("model=deepseek_v3", "cluster.num_nodes=32", "parallel.global_batch_size=1024", *COMMON)
 DS_PP8 = ("parallel.pp=8", "parallel.pp_stage_layers=[7,8,8,8,8,8,8,6]")
 PLANS = {  # name: (model, description, overrides)
     "mixtral fsdp dp64": ("mixtral", "FSDP over all 64 ranks (experts on the dense groups)",

@@ -4,7 +4,7 @@ It runs inside executor.rank's process setup (environment, store, gloo world gro
 timeouts, error reports, progress board) as the ``conformance`` task: build the model
 from the job in RUN_DIR/run.json, parallelise it with PyTorch's APIs, train ``steps``
 steps with every collective and p2p call recorded, and write
-RUN_DIR/conformance/rankN.json (calls, losses, step times).
+RUN_DIR/conformance/rankN.json (calls, losses, gradient norms, step times).
 
 Timing: each step (forward, backward, gradient sync, clip, AdamW, zero_grad; not the
 batch's creation) is timed on every rank with perf_counter and no barrier, so the run's

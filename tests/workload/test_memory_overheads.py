@@ -21,6 +21,7 @@ from twin.workload.memory import (
     temporary_bytes,
     workspace_bytes,
 )
+from twin.workload.params import layer_params
 from twin.workload.summary import format_inspect, inspect_job
 
 MIB = 2 ** 20
@@ -124,7 +125,7 @@ def test_fsdp_accumulating_grads_hold_every_unit_in_fp32():
     every = rank_memory(build_job(m, _gpu(), ParallelPlan(**plan)), 0)
     last = rank_memory(build_job(m, _gpu(), ParallelPlan(grad_sync="last", **plan)), 0)
     job = build_job(m, _gpu(), ParallelPlan(**plan))
-    unit = mm.layer_params(m, 1).total
+    unit = layer_params(m, 1).total
     root = mm.stage_params(job, 0) - m.num_layers * unit
     assert last.buffers - every.buffers == pytest.approx(
         (root + m.num_layers * unit) * 4 - (root + unit) * 2)

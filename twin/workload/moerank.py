@@ -22,7 +22,7 @@ from twin.spec import Job
 from twin.spec.experts import expert_grid, has_expert_groups
 from twin.workload.comm import GroupTraffic, step_traffic
 from twin.workload.moe import traffic
-from twin.workload.params import expert_params, layer_params, synced_layer_tensors
+from twin.workload.params import expert_params
 
 
 def _moe_layers(job: Job, stage: int) -> list[int]:
@@ -101,13 +101,6 @@ def moe_step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
             etp.add("reduce_scatter", mb * (fwd + 1), rows * h * e)
     if "etp" in out and not out["etp"].calls:
         del out["etp"]
-    if par.zero_stage == 3 and "dp" in out and layers:  # FSDP's root unit: not MoE layers
-        dense_layer = layer_params(model, par.tp).total
-        true = sum(sum(t.numel for t in synced_layer_tensors(model, par, i))
-                   for i in job.layers_on_stage(stage))
-        gathers = 2 if par.fsdp_reshard_after_forward else 1
-        root_shift = (true - len(job.layers_on_stage(stage)) * dense_layer) * e
-        out["dp"].calls["all_gather"][1] += mb * (gathers - 1) * root_shift
     if has_expert_groups(model, par) and layers and "dp" in out:
         experts = len(layers) * expert_params(model, par.ep, par.expert_tp) * e
         for c in out["dp"].calls.values():
