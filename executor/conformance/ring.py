@@ -40,12 +40,17 @@ def shard(x: torch.Tensor, cp: int, i: int, balance: str, dim: int = 2) -> torch
     return x.chunk(cp, dim=dim)[i]
 
 
+def _future(s: torch.Tensor) -> torch.Tensor:
+    """The causal mask of a square block of scores: key j after query i."""
+    n = s.shape[-1]
+    return torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1)
+
+
 def _block(q, k, v, causal: bool, scale: float):
     """Attention of q over k, v (heads already matched): output and fp32 log-sum-exp."""
     s = (q.float() @ k.float().transpose(-1, -2)) * scale
     if causal:
-        n = s.shape[-1]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        s = s.masked_fill(_future(s), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     return (torch.softmax(s, dim=-1) @ v.float()), lse
 
@@ -92,8 +97,8 @@ class RingAttention(torch.autograd.Function):
         ring = _Ring(group)
         cp, i, heads = ring.cp, ring.i, q.shape[1]
         scale = q.shape[-1] ** -0.5
-        out = torch.zeros(q.shape, dtype=torch.float32)
-        lse = torch.full(q.shape[:-1], float("-inf"))
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        lse = torch.full(q.shape[:-1], float("-inf"), device=q.device)
         kv = torch.cat([k.flatten(), v.flatten()])
         half = q.shape[2] // 2
         for j in range(cp):
@@ -127,7 +132,7 @@ class RingAttention(torch.autograd.Function):
         scale = q.shape[-1] ** -0.5
         dout = dout.float()
         delta = (dout * out).sum(-1)  # rowsum(dO * O), FlashAttention-2's D
-        dq = torch.zeros(q.shape, dtype=torch.float32)
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = torch.cat([k.flatten(), v.flatten()])
         half, group_size = q.shape[2] // 2, heads // k.shape[1]
         dkv_in, dkv_wait = None, None  # the partial sums arriving for the chunk held next
@@ -135,7 +140,7 @@ class RingAttention(torch.autograd.Function):
             wait = None
             if j < cp - 1:
                 nxt, wait = ring.exchange(kv, KV_TAG)
-            mine = torch.zeros(kv.shape, dtype=torch.float32)
+            mine = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
             part = _plan(cp, i, j, ctx.balance)
             if part is not None:
                 kj, vj = kv[:k.numel()].view(k.shape), kv[k.numel():].view(v.shape)
@@ -145,8 +150,7 @@ class RingAttention(torch.autograd.Function):
                 qr, dor = q[:, :, rows].float(), dout[:, :, rows]
                 s = (qr @ kr.transpose(-1, -2)) * scale
                 if j == 0:
-                    n = s.shape[-1]
-                    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+                    s = s.masked_fill(_future(s), float("-inf"))
                 p = torch.exp(s - lse[:, :, rows][..., None])
                 dv = p.transpose(-1, -2) @ dor
                 ds = p * (dor @ vr.transpose(-1, -2) - delta[:, :, rows][..., None])
@@ -155,8 +159,8 @@ class RingAttention(torch.autograd.Function):
                 b, _, c, d = k.shape  # sum the query heads of each KV head (GQA)
                 dk = dk.view(b, -1, group_size, dk.shape[2], d).sum(2)
                 dv = dv.view(b, -1, group_size, dv.shape[2], d).sum(2)
-                full_k = torch.zeros(k.shape)
-                full_v = torch.zeros(v.shape)
+                full_k = torch.zeros(k.shape, device=k.device)
+                full_v = torch.zeros(v.shape, device=v.device)
                 full_k[:, :, cols], full_v[:, :, cols] = dk, dv
                 mine = torch.cat([full_k.flatten(), full_v.flatten()])
             if dkv_wait is not None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import cluster, gpt
 from twin.cost import timed_flops
@@ -185,3 +187,23 @@ def test_peak_of_memory_ops_agrees_with_the_static_model(method, name):
 def test_cp1_programs_have_no_cp_ops():
     prog = build_program(cp_job(1, tp=2, global_batch_size=4), 0)
     assert not [op for op in prog.ops if op.group_name in ("cp", "dp-cp") or "cp." in op.name]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cp=st.sampled_from([2, 4]), tp=st.sampled_from([1, 2]), pp=st.sampled_from([1, 2]),
+       method=st.sampled_from(METHODS), balance=st.sampled_from(["headtail", "none"]),
+       zero=st.sampled_from([0, 1, 2, 3]), sp=st.booleans(),
+       recompute=st.sampled_from(["none", "selective", "full"]))
+def test_random_cp_plans_are_deadlock_free_and_move_the_closed_forms(cp, tp, pp, method, balance,
+                                                                     zero, sp, recompute):
+    job = cp_job(cp, method, balance, gpus=cp * tp * pp * 2, tp=tp, pp=pp, zero_stage=zero,
+                 sp=sp and tp > 1, recompute=recompute, global_batch_size=2 * 2 * pp)
+    sched = build_schedule(job)
+    check_schedule(sched.programs())
+    rank = job.grid.rank(cp=cp - 1, pp=pp - 1)
+    got = defaultdict(float)
+    for op in sched.program(rank).ops:
+        if (op.is_collective or op.kind == "send") and not op.name.endswith("grad_norm.ar"):
+            got[(op.group_name, op.kind)] += op.bytes
+    want = {(g, k): b for g, t in step_traffic(job, rank).items() for k, (_, b) in t.calls.items()}
+    assert got == pytest.approx(want)

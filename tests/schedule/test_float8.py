@@ -123,3 +123,32 @@ def test_compile_takes_the_eager_factor_out_of_elementwise_ops():
     assert plain.eager_elementwise == 1.0 and plain.compiled() is plain
     cast = next(op for op in build_schedule(job).program(0).ops if op.name.endswith("fp8_cast"))
     assert fused.compute_time(cast, H100) < eager.compute_time(cast, H100)
+
+
+def test_fsdp_gathers_fp8_weights_at_one_byte():
+    """float8_fsdp_all_gather: each layer unit's gather moves its FP8 linears' weights at one
+    byte per element (the rest, norms and biases, at e), closed form = schedule."""
+    from collections import defaultdict
+
+    from twin.workload.comm import step_traffic
+    from twin.workload.params import layer_tensors
+
+    plain = _job(zero_stage=3, global_batch_size=16)
+    job = _job(zero_stage=3, global_batch_size=16, float8_fsdp_all_gather=True)
+    ag = [[op for op in build_schedule(j).program(0).ops if op.kind == "all_gather"]
+          for j in (plain, job)]
+    fp8 = sum(t.numel for t in layer_tensors(job.model, 1)
+              if t.name.endswith(".weight") and "norm" not in t.name)
+    for a, b in zip(*ag):
+        if a.layer >= 0:
+            assert a.bytes - b.bytes == fp8 * (2 - 1)
+        else:
+            assert a.bytes == b.bytes  # the root (embedding, head) stays bf16
+    got = defaultdict(float)
+    for op in build_schedule(job).program(0).ops:
+        if op.is_collective and op.group_name == "dp":
+            got[op.kind] += op.bytes
+    want = {k: b for k, (_, b) in step_traffic(job, 0)["dp"].calls.items()}
+    assert got == pytest.approx(want)
+    with pytest.raises(ConfigError, match="needs float8=tensorwise and zero_stage=3"):
+        _job(float8_fsdp_all_gather=True)

@@ -9,12 +9,10 @@ from twin.schedule.ir import Op, Program
 from twin.spec import Job
 from twin.spec.job import FLOAT8_PEAK
 from twin.spec.parallel import OPTIMIZER_STATE_BYTES
+from twin.workload.params import FP8_LINEARS
 
 Idx = int | None
 Deps = Iterable  # of Idx, possibly nested
-FP8_LINEARS = frozenset({"qkv", "out_proj", "fc_gate", "fc_up", "fc1", "fc2"})
-"""The GEMMs torchao's float8 converter swaps (a layer's nn.Linear; torchtitan leaves the
-LM head, ``output``, in high precision)."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.passes import EMBED, HEAD_UNIT, LAYER, Pass, Unit
 from twin.schedule.stage import ROOT, StageLayout
 from twin.spec import ParallelPlan, RankGrid
+from twin.workload.params import is_fp8_weight
 
 
 def apply_fsdp(out: ProgramBuilder, par: ParallelPlan, layout: StageLayout,
@@ -33,9 +34,14 @@ def apply_fsdp(out: ProgramBuilder, par: ParallelPlan, layout: StageLayout,
     hsdp = par.dp_replicate > 1
     role = "dp_shard" if hsdp else ("dp-cp" if par.cp > 1 else "dp")  # CP ranks shard too
     replicate = grid.group(out.rank, "dp_replicate") if hsdp else ()
-    return FSDP(out, grid.group(out.rank, role), layout.units, reshard=par.fsdp_reshard_after_forward,
+    fsdp = FSDP(out, grid.group(out.rank, role), layout.units, reshard=par.fsdp_reshard_after_forward,
                 every_mb=par.sync_every_microbatch, last_mb=par.num_microbatches - 1,
                 one_chunk=layout.num_chunks == 1, replicate=replicate, role=role)
+    if par.float8_fsdp_all_gather:  # the FP8 linears' weights gathered at one byte each
+        for (unit, name), numel in layout.tensors:
+            if unit in layout.units and unit != ROOT and is_fp8_weight(name, layout.grad_ops[(unit, name)]):
+                fsdp.fp8[unit] = fsdp.fp8.get(unit, 0) + numel
+    return fsdp
 
 
 class FSDP(Pass):
@@ -58,6 +64,7 @@ class FSDP(Pass):
         self.issued: list[int] = []
         self._tags: dict[int, str] = {}  # unit -> name of its gathered buffer
         self._head_grads: list[Idx] = []  # the head's grad ops of the latest backward
+        self.fp8: dict[int, int] = {}  # unit -> elements gathered in FP8 (one byte each)
 
     # -- as a pass -------------------------------------------------------------------
     def before(self, unit: Unit) -> None:
@@ -93,12 +100,18 @@ class FSDP(Pass):
     def _bytes(self, unit: int) -> float:
         return self.units[unit] * self.b.e
 
+    def _gathered_bytes(self, unit: int) -> float:
+        """What the unit's all-gather moves: FP8 weights at one byte (float8_fsdp_all_gather)."""
+        fp8 = self.fp8.get(unit, 0)
+        return (self.units[unit] - fp8) * self.b.e + fp8
+
     def _gather(self, ctx: Ctx, unit: int) -> int:
         c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
         tag = f"{'root' if unit == ROOT else unit}.{ctx.phase}.mb{ctx.mb}"
-        self.b.alloc(c, f"gathered.{tag}", "buffers", self._bytes(unit), [self.b.last_compute])
+        self.b.alloc(c, f"gathered.{tag}", "buffers", self._gathered_bytes(unit),
+                     [self.b.last_compute])
         idx = self.b.collective(c, f"{'root.' if unit == ROOT else ''}param.ag", "all_gather",
-                                self.group, self.role, self._bytes(unit), [self.b.last_compute],
+                                self.group, self.role, self._gathered_bytes(unit), [self.b.last_compute],
                                 stream="comm.ag")
         self.gathered[unit] = idx
         self._tags[unit] = tag
@@ -115,7 +128,7 @@ class FSDP(Pass):
     def _release(self, ctx: Ctx, unit: int, after: Idx) -> None:
         tag = self._tags[unit]
         c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
-        self.b.free(c, f"gathered.{tag}", "buffers", self._bytes(unit), [after])
+        self.b.free(c, f"gathered.{tag}", "buffers", self._gathered_bytes(unit), [after])
         del self.gathered[unit]
 
     def after_forward(self, ctx: Ctx, unit: int, done: Idx) -> None:

@@ -119,6 +119,10 @@ class ParallelPlan:
     operands first; the LM head, attention and the rest stay in the model dtype, and MFU is
     then taken against the FP8 peak."""
 
+    float8_fsdp_all_gather: bool = False
+    """FSDP all-gathers the FP8 linears' weights at one byte per element, cast on the shard
+    before the gather (torchtitan's float8.enable_fsdp_float8_all_gather; tensorwise only)."""
+
     optimizer_dtype: str = "fp32"
     """Adam's momentum and variance: fp32 (PyTorch's and Megatron's default) or bf16."""
 
@@ -173,7 +177,11 @@ class ParallelPlan:
             problems.append("parallel.async_tp=true works on sequence parallelism's all-gathers "
                             "and reduce-scatters (as torchtitan's); set parallel.sp=true or "
                             "async_tp=false")
-        elif self.async_tp and not self.compile:
+        if self.float8_fsdp_all_gather and (self.float8 != "tensorwise" or self.zero_stage != 3):
+            problems.append("parallel.float8_fsdp_all_gather=true gathers FSDP's FP8 weights: it "
+                            f"needs float8=tensorwise and zero_stage=3 (got float8={self.float8}, "
+                            f"zero_stage={self.zero_stage}); set them or leave it false")
+        if self.async_tp and self.sp and self.tp > 1 and not self.compile:
             problems.append("parallel.async_tp=true is a torch.compile pass (micro-pipeline TP): "
                             "set parallel.compile=true or async_tp=false")
         if self.sp and self.tp == 1:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from twin.spec import Job
 from twin.vocab import wire_factor
 from twin.workload.context import dp_dims, step_calls
-from twin.workload.params import fsdp_layer_units, norm_params, stage_params, vocab_rows
+from twin.workload.params import fp8_weight_numel, fsdp_layer_units, norm_params, stage_params, vocab_rows
 
 
 @dataclass
@@ -96,7 +96,8 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
             # (embedding, head) stays gathered from forward to backward
             root_bytes = (stage_params(job, stage) - sum(fsdp_layer_units(job, stage))) * e
             gathers = 2 if par.fsdp_reshard_after_forward else 1
-            dp.add("all_gather", m, gathers * (psi_bytes - root_bytes) + root_bytes)
+            fp8_saved = fp8_weight_numel(job, stage) * (e - 1) if par.float8_fsdp_all_gather else 0
+            dp.add("all_gather", m, gathers * (psi_bytes - root_bytes - fp8_saved) + root_bytes)
             dp.add("reduce_scatter", syncs, psi_bytes)
         out[dp.name] = dp
         if hsdp:

@@ -242,3 +242,21 @@ def fsdp_layer_units(job: Job, stage: int) -> list[int]:
     is ``stage_params`` less their sum."""
     return [sum(t.numel for t in synced_layer_tensors(job.model, job.parallel, i))
             for i in job.layers_on_stage(stage)]
+
+
+FP8_LINEARS = frozenset({"qkv", "out_proj", "fc_gate", "fc_up", "fc1", "fc2"})
+"""The GEMMs torchao's float8 converter swaps (a layer's nn.Linear; torchtitan leaves the
+LM head, ``output``, in high precision): their local op names' first part."""
+
+
+def is_fp8_weight(name: str, grad_op: str) -> bool:
+    """Whether a tensor (its name and the op producing its gradient) is an FP8 linear's weight."""
+    return name.endswith(".weight") and grad_op.split(".")[0] in FP8_LINEARS
+
+
+def fp8_weight_numel(job: Job, stage: int) -> int:
+    """Elements of the FP8 linears' weights among the FSDP layer units of ``stage`` (what
+    parallel.float8_fsdp_all_gather gathers at one byte each)."""
+    return sum(t.numel for i in job.layers_on_stage(stage)
+               for t in synced_layer_tensors(job.model, job.parallel, i)
+               if is_fp8_weight(t.name, t.grad_op))
