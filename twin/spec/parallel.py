@@ -30,7 +30,7 @@ class ConfigWarning(UserWarning):
 class ParallelPlan:
     """Degrees of parallelism and the training recipe.
 
-    ``dp=None`` fills the cluster: dp = GPUs / (tp * pp). ``global_batch_size=None``
+    ``dp=None`` fills the cluster: dp = GPUs / (tp * pp * cp). ``global_batch_size=None``
     means one micro-batch per DP rank without pipelining, and 4*pp micro-batches
     with it (enough for every schedule; set it for real runs).
     """
