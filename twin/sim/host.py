@@ -73,6 +73,7 @@ def host_plan(ops: list[Op], cost: CostModel) -> HostPlan | None:
 
 
 def _pipeline_p2p(op: Op) -> bool:
-    """A send or recv of the pipeline's exchange (group pp), where Megatron's host waits."""
-    return op.is_p2p and op.group_name == "pp"
+    """A send or recv of the pipeline's exchange (group pp, or unnamed as in schedules written
+    before send/recv had other groups), where Megatron's host waits."""
+    return op.is_p2p and op.group_name in ("pp", "")
 
