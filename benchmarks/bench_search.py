@@ -63,7 +63,7 @@ def search_case(name: str, args) -> dict:
     model_name, cluster_name, gpus, gbs = CASES[name]
     model, base = preset_model(model_name), preset_cluster(cluster_name)
     cost = load_profile("auto", cluster_for(base, gpus))
-    space = SearchSpace(gpus=(gpus,), global_batch_size=gbs)
+    space = SearchSpace(gpus=(gpus,), global_batch_size=gbs, gpus_per_node=base.gpus_per_node)
     print(f"\n== {model_name} on {gpus} x {base.gpu.name} ({cluster_name}, profile {cost.name}), "
           f"global batch {gbs} ==", flush=True)
     ev = evaluate(model, base, space, cost, workers=args.workers)

@@ -30,7 +30,8 @@ from twin.spec.parallel import PP_SCHEDULES, RECOMPUTE, ZERO_STAGES
 OUTPUTS = ("config.yaml", "search.json", "report.html", "runs")
 CHOICES = {"tp": int, "pp": int, "micro_batch_size": int, "pp_virtual_stages": int, "sp": bool,
            "fsdp_reshard_after_forward": bool, "zero_stage": ZERO_STAGES,
-           "pp_schedule": PP_SCHEDULES, "recompute": RECOMPUTE, "rank_order": str}
+           "pp_schedule": PP_SCHEDULES, "recompute": RECOMPUTE, "rank_order": str, "ep": int,
+           "etp": int, "cp": int, "dp_replicate": int}
 
 
 def _whole(value, field: str, low: int = 1) -> int:
@@ -95,7 +96,7 @@ def space_from_cfg(cfg, cluster, base: ParallelPlan) -> SearchSpace:
     kw = {f: _choices(node.get(f), f, kind) for f, kind in CHOICES.items()}
     mmb = _whole(node.get("max_micro_batch_size", 16), "space.max_micro_batch_size")
     return SearchSpace(gpus=tuple(counts), global_batch_size=gbs, max_micro_batch_size=mmb,
-                       base=base, **kw)
+                       gpus_per_node=gpn, base=base, **kw)
 
 
 def specs_from_cfg(cfg):
@@ -115,12 +116,8 @@ def specs_from_cfg(cfg):
             warnings.warn(f"parallel.{field}={node[field]} is searched, not fixed; set "
                           f"space.{field}=[{str(node[field]).lower()}] to fix it", ConfigWarning,
                           stacklevel=2)
-    base = to_spec(ParallelPlan, {k: v for k, v in node.items() if k not in (*SEARCHED, "dp")},
-                   "parallel")
-    if base.cp > 1:  # its estimate (twin.search.units) prices whole-sequence attention
-        raise ConfigError(f"parallel.cp={base.cp}: search does not enumerate or estimate context "
-                          "parallelism yet; set parallel.cp=1 (and simulate CP plans with "
-                          "`paratwin simulate parallel.cp=N`)")
+    base = to_spec(ParallelPlan, {k: v for k, v in node.items()
+                                  if k not in (*SEARCHED, "dp", "dp_shard")}, "parallel")
     return model, cluster, base
 
 

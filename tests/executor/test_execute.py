@@ -10,13 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
-
-from paratwin.config import (
-    CONF_DIR,  # noqa: E402
-    register_schemas,  # noqa: E402
-)
+from paratwin.config import CONF_DIR  # noqa: E402
 from paratwin.verbs import execute  # noqa: E402
 from tests.executor.helpers import alive, paratwin, rank_pids  # noqa: E402
 from twin.schedule.check import memory_peak  # noqa: E402
@@ -26,16 +20,6 @@ from twin.trace import Trace  # noqa: E402
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "parallel").glob("*.yaml"))
 WORLD = {"single": 1, "3d": 4, "hsdp": 4}
-
-
-@pytest.fixture(scope="module")
-def execute_cfg():
-    """Compose `paratwin execute` configs in this process (the verb's Hydra app does the same)."""
-    register_schemas()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        yield lambda *overrides: compose(config_name="execute", overrides=list(overrides))
-    GlobalHydra.instance().clear()
 
 
 @pytest.mark.multiprocess

@@ -9,25 +9,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 
-from paratwin.config import CONF_DIR, register_schemas  # noqa: E402
 from paratwin.verbs import execute  # noqa: E402
 from twin.schedule.ir import Schedule  # noqa: E402
 from twin.trace import Trace  # noqa: E402
 
 MOE = ("+model.moe={{num_experts: 8, experts_per_token: 2, moe_ffn_hidden_size: 64, "
        "shared_experts: 1, first_k_dense: 1, routing: skewed, routing_skew: 0.6{}}}")
-
-
-@pytest.fixture(scope="module")
-def execute_cfg():
-    register_schemas()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        yield lambda *overrides: compose(config_name="execute", overrides=list(overrides))
-    GlobalHydra.instance().clear()
 
 
 @pytest.mark.multiprocess

@@ -62,6 +62,20 @@ def test_bad_hsdp_plans_say_what_to_change(plan, words):
         build_job(gpt(), cluster(nodes=2), ParallelPlan(**base))
 
 
+def _assert_dp_bytes_are_the_closed_form(job, prog) -> None:
+    """Per data-parallel group (dp, dp_shard, dp_replicate) and kind, the program's bytes are
+    workload.comm's closed form."""
+    got = defaultdict(float)
+    for op in prog.ops:
+        if op.is_collective and op.group_name.startswith("dp"):
+            got[(op.group_name, op.kind)] += op.bytes
+    want = {(g, k): b for g, t in step_traffic(job, 0).items() for k, (_, b) in t.calls.items()
+            if g.startswith("dp")}
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key] == pytest.approx(want[key]), key
+
+
 def test_hsdp_traffic_closed_form():
     job = _job()
     fsdp8 = build_job(gpt(), cluster(nodes=1), ParallelPlan(zero_stage=3, global_batch_size=16))
@@ -78,15 +92,7 @@ def test_hsdp_traffic_closed_form():
 def test_hsdp_program_moves_the_closed_form_bytes_and_reduces_after_each_shard():
     job = _job()
     prog = build_schedule(job).program(0)
-    got = defaultdict(float)
-    for op in prog.ops:
-        if op.is_collective and op.group_name.startswith("dp"):
-            got[(op.group_name, op.kind)] += op.bytes
-    want = {(g, k): b for g, t in step_traffic(job, 0).items() for k, (_, b) in t.calls.items()
-            if g.startswith("dp")}
-    assert got.keys() == want.keys()
-    for key in want:
-        assert got[key] == pytest.approx(want[key]), key
+    _assert_dp_bytes_are_the_closed_form(job, prog)
     ars = [op for op in prog.ops if op.kind == "all_reduce" and op.group_name == "dp_replicate"]
     assert len(ars) == sum(op.kind == "reduce_scatter" for op in prog.ops) > 0
     for op in ars:  # each all-reduces the shard its reduce-scatter produced
@@ -125,14 +131,6 @@ def test_fsdp_of_a_moe_model_gathers_its_experts_with_each_layer(plan):
     moe = replace(moe, moe=replace(moe.moe, moe_ffn_hidden_size=512))
     job = build_job(moe, cluster(nodes=2), ParallelPlan(zero_stage=3, global_batch_size=32, **plan))
     prog = build_schedule(job).program(0)
-    got = defaultdict(float)
-    for op in prog.ops:
-        if op.is_collective and op.group_name.startswith("dp"):
-            got[(op.group_name, op.kind)] += op.bytes
-    want = {(g, k): b for g, t in step_traffic(job, 0).items() for k, (_, b) in t.calls.items()
-            if g.startswith("dp")}
-    assert got.keys() == want.keys()
-    for key in want:
-        assert got[key] == pytest.approx(want[key]), key
+    _assert_dp_bytes_are_the_closed_form(job, prog)
     unit = max(op.bytes for op in prog.ops if op.kind == "all_gather")
     assert rank_memory(job, 0).buffers < 6 * unit  # root x2 + two gathered units + a grad

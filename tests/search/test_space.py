@@ -3,6 +3,7 @@ product missed."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import warnings
 
@@ -19,6 +20,7 @@ from twin.search.space import (
     plans,
 )
 from twin.spec import ConfigError, ModelSpec, ParallelPlan, RankGrid, build_job
+from twin.spec.moe import MoESpec
 from twin.spec.parallel import PP_SCHEDULES, RECOMPUTE
 
 TINY = ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2,
@@ -28,11 +30,18 @@ CLUSTER = cluster(nodes=1, gpus=4)
 ORDERS = ["-".join(p) for p in itertools.permutations(("tp", "pp", "dp"))]
 
 
-def _accepted(plan: ParallelPlan) -> ParallelPlan | None:
+MOE = dataclasses.replace(TINY, name="tiny_moe", moe=MoESpec(
+    num_experts=4, experts_per_token=2, moe_ffn_hidden_size=64, shared_experts=1))
+LONG = dataclasses.replace(TINY, name="tiny_long", seq_len=32768)
+CLUSTER8 = cluster(nodes=2, gpus=4)
+
+
+def _accepted(plan: ParallelPlan, model: ModelSpec = TINY,
+              cl=CLUSTER) -> ParallelPlan | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return build_job(TINY, CLUSTER, plan).parallel
+            return build_job(model, cl, plan).parallel
         except (ConfigError, ValueError):
             return None
 
@@ -103,3 +112,59 @@ def test_gpu_counts_are_whole_nodes_or_part_of_one():
     assert gpu_counts(c, 1, 64) == [1, 2, 4, 8, 16, 32, 64]
     assert gpu_counts(c, 16, 48) == [16, 32, 48]
     assert gpu_counts(c, 9, 15) == []
+
+
+NEW = {"ep": (1, 2, 4), "etp": (None, 1, 2, 4), "cp": (1, 2, 4, 8), "dp_replicate": (1, 2, 4, 8)}
+"""The expert, context and HSDP fields, brute-forced beside the others (fixed schedule)."""
+
+
+def brute_force_new(model: ModelSpec, gpus: int, gbs: int) -> set[ParallelPlan]:
+    """Every combination of tp, pp, sp, ZeRO, reshard, ep, etp, cp, dp_replicate (one
+    micro-batch size, 1F1B, no recompute, the default order) build_job accepts."""
+    cl = cluster(nodes=gpus // 4, gpus=4)
+    out = set()
+    for tp, pp, cp, sp, zero, reshard, ep, etp, rep in itertools.product(
+            (1, 2, 4), (1, 2), NEW["cp"], (False, True), range(4), (True, False), NEW["ep"],
+            NEW["etp"], NEW["dp_replicate"]):
+        if gpus % (tp * pp * cp):
+            continue
+        try:
+            plan = ParallelPlan(tp=tp, pp=pp, cp=cp, sp=sp, zero_stage=zero, ep=ep, etp=etp,
+                                dp_replicate=rep, fsdp_reshard_after_forward=reshard,
+                                micro_batch_size=1, global_batch_size=gbs)
+        except (ConfigError, ValueError):
+            continue
+        resolved = _accepted(plan, model, cl)
+        if resolved is not None:
+            out.add(canonical(resolved))
+    return out
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("model", [MOE, LONG], ids=["moe", "long_sequence"])
+def test_expert_context_and_hsdp_fields_are_the_brute_force_space(model):
+    """ep / etp on a MoE model, cp at a long sequence, dp_replicate under ZeRO-3: the
+    enumeration is exactly what build_job accepts, each plan once."""
+    space = SearchSpace(gpus=(8,), global_batch_size=8, gpus_per_node=4, micro_batch_size=(1,),
+                        pp=(1, 2), pp_schedule=("1f1b",), recompute=("none",),
+                        rank_order=("tp-cp-pp-dp",), ep=NEW["ep"], etp=(1, 2, 4),
+                        cp=NEW["cp"], dp_replicate=NEW["dp_replicate"])
+    listed = list(plans(model, 8, space))
+    assert len(listed) == len(set(listed)), "a plan is listed twice"
+    want = brute_force_new(model, 8, 8)
+    assert set(listed) == want
+    field = "ep" if model.moe else "cp"
+    assert {getattr(p, field) for p in listed} > {1}
+    assert any(p.dp_replicate > 1 for p in listed) and any(p.etp == 1 for p in listed) \
+        == (model.moe is not None)
+
+
+def test_default_space_tries_cp_only_at_long_sequences_and_hsdp_per_node():
+    space = SearchSpace(gpus=(8,), global_batch_size=8, gpus_per_node=4)
+    short = list(memory_plans(TINY, 8, space))
+    assert {p.cp for p in short} == {1}
+    assert {p.dp_replicate for p in short if p.zero_stage == 3 and p.dp == 8} == {1, 2}
+    assert {p.cp for p in memory_plans(LONG, 8, space)} == {1, 2, 4, 8}
+    moe = list(memory_plans(MOE, 8, space))
+    assert {p.ep for p in moe} == {1, 2, 4}
+    assert {p.expert_tp for p in moe if p.tp == 2} == {1, 2}  # etp in {1, tp}

@@ -29,6 +29,7 @@ from twin.search.space import (
     legal_tp,
     memory_plans,
     orders_for,
+    plan_sizes,
 )
 from twin.spec import ClusterSpec, ConfigWarning, ModelSpec, ParallelPlan
 
@@ -93,7 +94,7 @@ def run_task(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, task: T
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConfigWarning)  # legal plans that only warn
         for plan in memory_plans(model, gpus, part):
-            orders = orders_for({"tp": plan.tp, "pp": plan.pp, "dp": plan.dp}, space.rank_order)
+            orders = orders_for(plan_sizes(plan), space.rank_order)
             evaluated += len(orders)
             job = SearchJob(model=model, cluster=cl, parallel=plan)
             bound = lower_bound(job)

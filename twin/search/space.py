@@ -10,7 +10,17 @@ tp * pp divides the GPUs; pp * v divides the layers; mb * dp divides the global 
 interleaved schedule needs m >= pp micro-batches, a multiple of pp); tests/search holds the
 enumeration against a brute-force product filtered by build_job itself. Not searched:
 uneven pipeline splits (``pp_stage_layers``), nn.DataParallel (``legacy_dp``) and the plan's
-other knobs (flash attention, bucket size, grad sync), which come from the base plan.
+other knobs (flash attention, bucket size, grad sync, cp_method, cp_load_balance), which come
+from the base plan.
+
+Beyond those, MoE models search ``ep`` (dividing the experts) and ``etp`` (dividing an
+expert's width; ep * etp divides the stage's tp * cp * dp, sp with tp > 1 when the experts
+have groups of their own, no ZeRO-3 or HSDP then: ``twin.spec.experts``); ``cp`` (the
+base plan's cp_method / cp_load_balance: the sequence's chunks divide it, dense models,
+no HSDP: ``twin.spec.context``); ZeRO-3 plans ``dp_replicate`` (HSDP, dividing dp, with
+dp_shard = dp / dp_replicate). Their default choices keep the space's size sane
+(``SearchSpace``): etp in {1, tp}, cp > 1 only at seq_len >= ``LONG_SEQUENCE``,
+dp_replicate in {1, dp / gpus per node}.
 """
 
 from __future__ import annotations
@@ -27,8 +37,11 @@ from twin.spec.parallel import PP_SCHEDULES, RECOMPUTE, V_SCHEDULES, ZERO_STAGES
 AXES = ("tp", "cp", "pp", "dp")
 """The rank grid's axes in the default order (innermost first)."""
 SEARCHED = ("tp", "pp", "micro_batch_size", "sp", "zero_stage", "fsdp_reshard_after_forward",
-            "pp_schedule", "pp_virtual_stages", "recompute", "rank_order")
-"""The plan fields a search varies (dp follows from the GPUs: dp = GPUs / (tp * pp))."""
+            "pp_schedule", "pp_virtual_stages", "recompute", "rank_order", "ep", "etp", "cp",
+            "dp_replicate")
+"""The plan fields a search varies (dp follows from the GPUs: dp = GPUs / (tp * pp * cp))."""
+LONG_SEQUENCE = 32768
+"""Sequence length from which the default space tries context parallelism (cp > 1)."""
 MAX_MICRO_BATCH = 16
 """Largest micro-batch the default space tries (larger ones rarely fit or pay)."""
 
@@ -56,6 +69,17 @@ class SearchSpace:
     recompute: tuple[str, ...] | None = None
     rank_order: tuple[str, ...] | None = None
     """Orders of the grid's axes, innermost first ('tp-cp-pp-dp'); None: every distinct one."""
+    ep: tuple[int, ...] | None = None
+    """MoE: expert-parallel degrees; None: every legal one (1 for a dense model)."""
+    etp: tuple[int, ...] | None = None
+    """MoE: expert tensor-parallel degrees; None: 1 and tp (Megatron's default), if legal."""
+    cp: tuple[int, ...] | None = None
+    """Context-parallel degrees; None: every legal one at seq_len >= LONG_SEQUENCE, else 1."""
+    dp_replicate: tuple[int, ...] | None = None
+    """HSDP replicas of ZeRO-3 plans; None: 1 and dp / gpus per node (one shard group per
+    node's worth of data-parallel ranks) when that divides dp and is > 1."""
+    gpus_per_node: int = 8
+    """The cluster's GPUs per node (the default dp_replicate: dp / the dp ranks of a node)."""
     base: ParallelPlan = ParallelPlan()
     """Where the fields the search does not vary come from (flash_attention, grad_sync, ...)."""
 
@@ -82,11 +106,67 @@ def gpu_counts(cluster: ClusterSpec, lo: int, hi: int) -> list[int]:
 
 
 def legal_tp(model: ModelSpec, gpus: int) -> list[int]:
-    """tp degrees build_job accepts: divide the heads, the MLP width and the GPUs, and divide
-    or are divided by the KV heads."""
+    """tp degrees build_job accepts: divide the heads, the MLP width (and a MoE's shared
+    experts' width) and the GPUs, and divide or are divided by the KV heads."""
     kv = model.num_kv_heads
+    shared = model.moe.shared_ffn_hidden_size if model.moe is not None else 0
     return [t for t in divisors(model.num_heads) if model.ffn_hidden_size % t == 0
-            and (kv % t == 0 or t % kv == 0) and gpus % t == 0]
+            and (kv % t == 0 or t % kv == 0) and gpus % t == 0 and shared % t == 0]
+
+
+def legal_cp(model: ModelSpec, base: ParallelPlan, rest: int, space: SearchSpace) -> list[int]:
+    """cp degrees dividing ``rest`` (GPUs / (tp * pp)) that build_job accepts with the base
+    plan's cp_method and cp_load_balance (``twin.spec.context``); the default space tries
+    cp > 1 only from seq_len >= LONG_SEQUENCE."""
+    if space.cp is None and model.seq_len < LONG_SEQUENCE:
+        return [1]
+    out = []
+    for c in divisors(rest):
+        if space.cp is not None and c not in space.cp:
+            continue
+        if c > 1:
+            chunks = 2 * c if base.cp_load_balance == "headtail" else c
+            if model.moe is not None or not base.flash_attention or model.seq_len % chunks:
+                continue
+            if base.cp_method == "alltoall" and not _ulysses_ok(model, base.tp, c):
+                continue
+        out.append(c)
+    return out
+
+
+def _ulysses_ok(model: ModelSpec, tp: int, cp: int) -> bool:
+    kv_tp = model.num_kv_heads // tp if model.num_kv_heads >= tp else 1
+    return model.num_heads % (tp * cp) == 0 and (kv_tp % cp == 0 or cp % kv_tp == 0)
+
+
+def experts(model: ModelSpec, space: SearchSpace, tp: int, stage: int, sp: bool,
+            zero: int) -> list[tuple[int, int | None]]:
+    """(ep, etp) pairs build_job accepts (``twin.spec.experts``) for ``stage`` = tp * cp * dp
+    ranks per pipeline stage; etp None when it is tp (the canonical spelling)."""
+    moe = model.moe
+    if moe is None:
+        return [(1, None)] if space.ep is None or 1 in space.ep else []
+    etps = sorted({1, tp}) if space.etp is None else list(space.etp)
+    out = []
+    for ep in _choices(space, "ep", divisors(moe.num_experts)):
+        for etp in etps:
+            own = ep > 1 or etp != tp
+            if moe.moe_ffn_hidden_size % etp or stage % (ep * etp) \
+                    or (own and ((tp > 1 and not sp) or zero == 3)):
+                continue
+            out.append((ep, None if etp == tp else etp))
+    return out
+
+
+def replicas(space: SearchSpace, dp: int, dp_gpn: int, zero: int, cp: int, ep: int) -> list[int]:
+    """HSDP degrees (dp_replicate) of a plan: 1, and under ZeRO-3 those dividing dp (default:
+    dp / ``dp_gpn``, the data-parallel ranks of one node: one shard group per node), never
+    with cp > 1 or ep > 1 (build_job refuses those)."""
+    if zero != 3 or cp > 1 or ep > 1 or dp <= 1:
+        return [1] if space.dp_replicate is None or 1 in space.dp_replicate else []
+    wanted = space.dp_replicate if space.dp_replicate is not None else \
+        (1, dp // dp_gpn) if dp_gpn > 1 and dp % dp_gpn == 0 else (1,)
+    return [r for r in dict.fromkeys(wanted) if dp % r == 0]
 
 
 def canonical_order(order: str, sizes: dict[str, int]) -> str:
@@ -118,8 +198,12 @@ def canonical(plan: ParallelPlan) -> ParallelPlan:
     kw: dict = {"rank_order": canonical_order(plan.rank_order, sizes)}
     if plan.pp == 1:
         kw.update(pp_schedule="1f1b", pp_virtual_stages=1)
-    if plan.dp == 1:
+    if plan.dp * plan.cp == 1:  # (CP ranks shard ZeRO states too)
         kw["zero_stage"] = 0
+    if plan.etp == plan.tp:
+        kw["etp"] = None
+    if plan.dp_replicate == 1:
+        kw["dp_shard"] = None
     if kw.get("zero_stage", plan.zero_stage) != 3:
         kw["fsdp_reshard_after_forward"] = True
     return _replace(plan, **kw) if any(getattr(plan, k) != v for k, v in kw.items()) else plan
@@ -163,47 +247,61 @@ def _schedules(space: SearchSpace, model: ModelSpec, pp: int, m: int) -> list[tu
 def memory_plans(model: ModelSpec, gpus: int, space: SearchSpace) -> Iterator[ParallelPlan]:
     """Every legal canonical plan on ``gpus`` GPUs in the default rank order (the memory
     model does not depend on the order): the outer loop of ``plans``."""
-    gbs = space.global_batch_size
-    base = space.base
+    gbs, base = space.global_batch_size, space.base
+    gpn = min(space.gpus_per_node, gpus)
     for tp in legal_tp(model, gpus):
         if space.tp is not None and tp not in space.tp:
             continue
         for pp in divisors(model.num_layers):
             if gpus % (tp * pp) or (space.pp is not None and pp not in space.pp):
                 continue
-            dp = gpus // (tp * pp)
-            if gbs % dp:
-                continue
-            per_dp = gbs // dp
-            mbs = [b for b in divisors(per_dp) if b <= space.max_micro_batch_size] \
-                if space.micro_batch_size is None else \
-                [b for b in space.micro_batch_size if per_dp % b == 0]
-            sps = _choices(space, "sp", (False, True)) if tp > 1 else \
-                [False] if space.sp is None or False in space.sp else []
-            zeros = _choices(space, "zero_stage", ZERO_STAGES) if dp > 1 else [0]
-            for mb in mbs:
-                for sched, v in _schedules(space, model, pp, per_dp // mb):
-                    for sp, zero, rec in itertools.product(
-                            sps, zeros, _choices(space, "recompute", RECOMPUTE)):
-                        if zero == 3 and sched in ("zb_h1",) + V_SCHEDULES:
-                            continue  # ZeRO-3 with a split backward is not modelled
-                        reshards = _choices(space, "fsdp_reshard_after_forward", (True, False)) \
-                            if zero == 3 else [True]
-                        for reshard in reshards:
-                            yield _replace(
-                                base, dp=dp, tp=tp, pp=pp, cp=1, sp=sp, zero_stage=zero,
-                                fsdp_reshard_after_forward=reshard, micro_batch_size=mb,
-                                global_batch_size=gbs, pp_schedule=sched, pp_virtual_stages=v,
-                                recompute=rec, pp_stage_layers=None, legacy_dp=False,
-                                rank_order="tp-cp-pp-dp")
+            for cp in legal_cp(model, dataclasses.replace(base, tp=tp), gpus // (tp * pp), space):
+                dp = gpus // (tp * pp * cp)
+                if gbs % dp:
+                    continue
+                yield from _plans_of(model, space, gpn, tp, pp, cp, dp)
+
+
+def _plans_of(model: ModelSpec, space: SearchSpace, gpn: int, tp: int, pp: int, cp: int,
+              dp: int) -> Iterator[ParallelPlan]:
+    gbs, base = space.global_batch_size, space.base
+    per_dp = gbs // dp
+    mbs = [b for b in divisors(per_dp) if b <= space.max_micro_batch_size] \
+        if space.micro_batch_size is None else \
+        [b for b in space.micro_batch_size if per_dp % b == 0]
+    sps = _choices(space, "sp", (False, True)) if tp > 1 else \
+        [False] if space.sp is None or False in space.sp else []
+    zeros = _choices(space, "zero_stage", ZERO_STAGES) if dp * cp > 1 else [0]
+    dp_gpn = max(1, gpn // (tp * cp * pp))  # dp ranks of one node (default rank order)
+    for mb in mbs:
+        for sched, v in _schedules(space, model, pp, per_dp // mb):
+            for sp, zero, rec in itertools.product(
+                    sps, zeros, _choices(space, "recompute", RECOMPUTE)):
+                if zero == 3 and sched in ("zb_h1",) + V_SCHEDULES:
+                    continue  # ZeRO-3 with a split backward is not modelled
+                reshards = _choices(space, "fsdp_reshard_after_forward", (True, False)) \
+                    if zero == 3 else [True]
+                for (ep, etp), reshard in itertools.product(
+                        experts(model, space, tp, tp * cp * dp, sp, zero), reshards):
+                    for r in replicas(space, dp, dp_gpn, zero, cp, ep):
+                        yield _replace(
+                            base, dp=dp, tp=tp, pp=pp, cp=cp, sp=sp, zero_stage=zero,
+                            fsdp_reshard_after_forward=reshard, micro_batch_size=mb,
+                            global_batch_size=gbs, pp_schedule=sched, pp_virtual_stages=v,
+                            recompute=rec, pp_stage_layers=None, legacy_dp=False,
+                            rank_order="tp-cp-pp-dp", ep=ep, etp=etp, dp_replicate=r,
+                            dp_shard=dp // r if r > 1 else None)
 
 
 def plans(model: ModelSpec, gpus: int, space: SearchSpace) -> Iterator[ParallelPlan]:
     """Every legal canonical plan on ``gpus`` GPUs, each rank order of each memory plan."""
     for plan in memory_plans(model, gpus, space):
-        sizes = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp}
-        for order in orders_for(sizes, space.rank_order):
+        for order in orders_for(plan_sizes(plan), space.rank_order):
             yield plan if order == plan.rank_order else _replace(plan, rank_order=order)
+
+
+def plan_sizes(plan: ParallelPlan) -> dict[str, int]:
+    return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp}
 
 
 def check_space(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> None:
