@@ -4,7 +4,8 @@
 
 1. Llama-3 70B on 1,024 H100s (conf/model/llama3_70b.yaml, conf/cluster/dgx_h100.yaml, its
    profile), global batch 1,024 sequences; 2. GPT-3 175B on 1,024 A100s (dgx_a100, its
-   profile), the same batch. For each: every legal plan enumerated, pruned by memory and
+   profile), the same batch; Mixtral 8x7B on 64 H100s, global batch 256 (its experts: ep,
+   etp). For each: every legal plan enumerated, pruned by memory and
    ranked by the fast estimate (plans evaluated, fit, seconds, plans per second), the top
    K simulated with the full twin, and the gap of the estimate's choice: its simulated step
    time over the best simulated of those K, minus one; plus Spearman's rho of estimate
@@ -49,7 +50,8 @@ from twin.spec import ModelSpec  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "reference" / "a100_measured"
 CASES = {"llama3_70b": ("llama3_70b", "dgx_h100", 1024, 1024),
-         "gpt3_175b": ("gpt3_175b", "dgx_a100", 1024, 1024)}
+         "gpt3_175b": ("gpt3_175b", "dgx_a100", 1024, 1024),
+         "mixtral_8x7b": ("mixtral_8x7b", "dgx_h100", 64, 256)}
 
 
 def preset_model(name: str) -> ModelSpec:
@@ -84,21 +86,24 @@ def search_case(name: str, args) -> dict:
         print(f"  {k:>2}. {plan_label(c.plan):<58} estimate {c.step_time_s:8.3f} s  twin "
               f"{s.step_time_s:8.3f} s ({c.step_time_s / s.step_time_s - 1:+.1%})  MFU "
               f"{s.mfu:.1%}", flush=True)
-    top_check = agreement(est, sim)
-    print(f"top {len(top)}: the estimate's choice is {top_check['regret']:.2%} slower than the "
-          f"best simulated (target <= 3%); Spearman {top_check['spearman']:.3f}; |error| median "
-          f"{top_check['median_abs_error']:.1%}, largest {top_check['max_abs_error']:.1%}",
-          flush=True)
+    top_check = agreement(est, sim) if top else None
+    if top_check:
+        print(f"top {len(top)}: the estimate's choice is {top_check['regret']:.2%} slower than the "
+              f"best simulated (target <= 3%); Spearman {top_check['spearman']:.3f}; |error| "
+              f"median {top_check['median_abs_error']:.1%}, largest "
+              f"{top_check['max_abs_error']:.1%}", flush=True)
     rng = random.Random(0)
     sample = rng.sample(ev.candidates, min(args.sample, len(ev.candidates)))
     se = [c.step_time_s for c in sample]
     ss = [simulate_candidate(model, base, c, cost).summary.step_time_s for c in sample]
     sample_rows = [{"plan": plan_label(c.plan), "estimate_s": e, "twin_s": s}
                    for c, e, s in zip(sample, se, ss)]
-    sample_check = agreement(se, ss)
-    print(f"random sample of {len(sample)} plans that fit: Spearman "
-          f"{sample_check['spearman']:.3f}; |error| median {sample_check['median_abs_error']:.1%}, "
-          f"largest {sample_check['max_abs_error']:.1%}", flush=True)
+    sample_check = agreement(se, ss) if sample else None
+    if sample_check:
+        print(f"random sample of {len(sample)} plans that fit: Spearman "
+              f"{sample_check['spearman']:.3f}; |error| median "
+              f"{sample_check['median_abs_error']:.1%}, largest "
+              f"{sample_check['max_abs_error']:.1%}", flush=True)
     return {"model": model_name, "cluster": cluster_name, "gpus": gpus, "global_batch_size": gbs,
             "profile": cost.name, "evaluated": ev.evaluated, "fit": ev.fit,
             "seconds": ev.seconds, "workers": args.workers,

@@ -12,7 +12,9 @@ Run: python benchmarks/bench_twin.py [a|b|c|d|e|f ...]   (default: all)
  (e) Megatron 1T on 3,072 A100s: TP8 PP64 DP6, global batch 3072 (512 micro-batches per
      pipeline), micro-batch 1, interleaved (v=2), full recompute
  (f) Llama-3 405B as (c) with 128 micro-batches per pipeline (global batch 16,384)
-(c)-(f) run as `paratwin simulate` does by default: fold=auto (every exact copy simulated
+ (g) DeepSeek-V3 on 1,024 H100s: PP8 (7/8x6/6 layers), EP32 inside DP128 (edp 4), ZeRO-1,
+     full recompute, 32 micro-batches per pipeline (uniform routing: every EP rank folds)
+(c)-(g) run as `paratwin simulate` does by default: fold=auto (every exact copy simulated
 once), fast_forward=true, trace=auto (what the report draws); "write s" is writing that
 trace (spans.json). (d) and (e) use the cluster's profile (calibration=auto: dgx_a100, fitted
 on measured A100 steps, whose host waits after each send/recv batch as Megatron's does).
@@ -48,11 +50,14 @@ JOBS = {  # Llama 3 on DGX H100s (benchmarks/presets.py): model, nodes, plan, fo
 }
 MEGATRON = ("cluster=dgx_a100", "parallel=pp_interleaved", "parallel.tp=8",
             "parallel.micro_batch_size=1", "parallel.recompute=full")
-PUBLISHED = {  # Narayanan et al. 2021 Table 1 rows, as `paratwin simulate OVERRIDES`
+PUBLISHED = {  # Narayanan et al. 2021 Table 1 rows (and (g)), as `paratwin simulate OVERRIDES`
     "d": ("model=megatron_39b", "cluster.num_nodes=64", "parallel.pp=2",
           "parallel.global_batch_size=1536", *MEGATRON),
     "e": ("model=megatron_1t", "cluster.num_nodes=384", "parallel.pp=64",
           "parallel.global_batch_size=3072", *MEGATRON),
+    "g": ("model=deepseek_v3", "cluster=dgx_h100", "cluster.num_nodes=128", "parallel=zero1",
+          "parallel.pp=8", "parallel.pp_stage_layers=[7,8,8,8,8,8,8,6]", "parallel.ep=32",
+          "parallel.global_batch_size=4096", "parallel.recompute=full"),
 }
 
 

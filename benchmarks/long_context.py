@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -136,8 +136,13 @@ def main() -> None:
     args = ap.parse_args()
     sections = args.only or list(ROWS)
     work = [(s, k) for s in sections for k in range(len(ROWS[s]))]
+    rows = [None] * len(work)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows = list(pool.map(run, *zip(*work)))
+        futures = {pool.submit(run, *w): i for i, w in enumerate(work)}
+        for n, fut in enumerate(as_completed(futures), 1):
+            r = rows[futures[fut]] = fut.result()
+            print(f"[{n}/{len(work)}] {r['section']}: {r['row']} ({r.get('wall_s', 0):.0f} s)",
+                  file=sys.stderr, flush=True)
     for s in sections:
         print(f"\n{s}:")
         print(table([r for r in rows if r["section"] == s]))

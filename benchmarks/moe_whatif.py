@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -121,8 +121,13 @@ def main() -> None:
     args = ap.parse_args()
     names = [n for n, (m, _, _) in PLANS.items() if args.only in (None, m)]
     work = [(n, fp8) for n in names for fp8 in (False, True)]
+    rows = [None] * len(work)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows = list(pool.map(run, *zip(*work)))
+        futures = {pool.submit(run, *w): i for i, w in enumerate(work)}
+        for n, fut in enumerate(as_completed(futures), 1):
+            r = rows[futures[fut]] = fut.result()
+            print(f"[{n}/{len(work)}] {r['plan']}, FP8 {'on' if r['fp8'] else 'off'} "
+                  f"({r.get('wall_s', 0):.0f} s)", file=sys.stderr, flush=True)
     for model in dict.fromkeys(PLANS[n][0] for n in names):
         print(f"\n{model}: {PUBLISHED[model]}")
         for n in names:

@@ -118,7 +118,7 @@ NEW = {"ep": (1, 2, 4), "etp": (None, 1, 2, 4), "cp": (1, 2, 4, 8), "dp_replicat
 """The expert, context and HSDP fields, brute-forced beside the others (fixed schedule)."""
 
 
-def brute_force_new(model: ModelSpec, gpus: int, gbs: int) -> set[ParallelPlan]:
+def brute_force_new(model: ModelSpec, gpus: int, gbs: int, method: str) -> set[ParallelPlan]:
     """Every combination of tp, pp, sp, ZeRO, reshard, ep, etp, cp, dp_replicate (one
     micro-batch size, 1F1B, no recompute, the default order) build_job accepts."""
     cl = cluster(nodes=gpus // 4, gpus=4)
@@ -129,7 +129,8 @@ def brute_force_new(model: ModelSpec, gpus: int, gbs: int) -> set[ParallelPlan]:
         if gpus % (tp * pp * cp):
             continue
         try:
-            plan = ParallelPlan(tp=tp, pp=pp, cp=cp, sp=sp, zero_stage=zero, ep=ep, etp=etp,
+            plan = ParallelPlan(tp=tp, pp=pp, cp=cp, cp_method=method, sp=sp, zero_stage=zero,
+                                ep=ep, etp=etp,
                                 dp_replicate=rep, fsdp_reshard_after_forward=reshard,
                                 micro_batch_size=1, global_batch_size=gbs)
         except (ConfigError, ValueError):
@@ -141,17 +142,20 @@ def brute_force_new(model: ModelSpec, gpus: int, gbs: int) -> set[ParallelPlan]:
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("model", [MOE, LONG], ids=["moe", "long_sequence"])
-def test_expert_context_and_hsdp_fields_are_the_brute_force_space(model):
-    """ep / etp on a MoE model, cp at a long sequence, dp_replicate under ZeRO-3: the
-    enumeration is exactly what build_job accepts, each plan once."""
+@pytest.mark.parametrize("model,method", [(MOE, "ring"), (LONG, "ring"), (LONG, "alltoall")],
+                         ids=["moe", "long_sequence_ring", "long_sequence_ulysses"])
+def test_expert_context_and_hsdp_fields_are_the_brute_force_space(model, method):
+    """ep / etp on a MoE model, cp at a long sequence (the base plan's cp_method: Ulysses
+    splits the heads), dp_replicate under ZeRO-3: the enumeration is exactly what build_job
+    accepts, each plan once."""
     space = SearchSpace(gpus=(8,), global_batch_size=8, gpus_per_node=4, micro_batch_size=(1,),
+                        base=ParallelPlan(cp_method=method),
                         pp=(1, 2), pp_schedule=("1f1b",), recompute=("none",),
                         rank_order=("tp-cp-pp-dp",), ep=NEW["ep"], etp=(1, 2, 4),
                         cp=NEW["cp"], dp_replicate=NEW["dp_replicate"])
     listed = list(plans(model, 8, space))
     assert len(listed) == len(set(listed)), "a plan is listed twice"
-    want = brute_force_new(model, 8, 8)
+    want = brute_force_new(model, 8, 8, method)
     assert set(listed) == want
     field = "ep" if model.moe else "cp"
     assert {getattr(p, field) for p in listed} > {1}
@@ -159,11 +163,12 @@ def test_expert_context_and_hsdp_fields_are_the_brute_force_space(model):
         == (model.moe is not None)
 
 
-def test_default_space_tries_cp_only_at_long_sequences_and_hsdp_per_node():
+def test_default_space_tries_cp_only_at_long_sequences_and_hsdp_by_node_size():
     space = SearchSpace(gpus=(8,), global_batch_size=8, gpus_per_node=4)
     short = list(memory_plans(TINY, 8, space))
     assert {p.cp for p in short} == {1}
     assert {p.dp_replicate for p in short if p.zero_stage == 3 and p.dp == 8} == {1, 2}
+    assert {p.dp_replicate for p in short if p.zero_stage == 3 and p.dp == 4} == {1}
     assert {p.cp for p in memory_plans(LONG, 8, space)} == {1, 2, 4, 8}
     moe = list(memory_plans(MOE, 8, space))
     assert {p.ep for p in moe} == {1, 2, 4}

@@ -58,7 +58,7 @@ def test_skewed_step_is_deterministic_and_slower_to_dispatch():
     again = simulate(_moe_job(0.8), trace="full")
     even = simulate(_moe_job(0.0), trace="full")
     assert skew.summary["step_time_s"] == again.summary["step_time_s"]
-    assert skew.summary["simulated_ranks"] == 4  # expert parallelism is never folded
+    assert skew.summary["simulated_ranks"] == 4  # fold=none, the default, simulates every rank
 
     def dispatch(res) -> float:
         return max(s.end_us - s.start_us for s in res.trace.spans

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 
 from twin.schedule import zerobubble
 from twin.schedule.pipeline import SPLIT_SCHEDULES, Action, peak_in_flight, stage_order
@@ -34,10 +35,24 @@ def inflight(job: Job, stage: int) -> tuple[float, int] | None:
     par = job.parallel
     if par.pp_schedule_csv is None and par.pp_schedule not in SPLIT_SCHEDULES:
         return None
+    if par.pp_schedule_csv is None:  # a named table: walked once per shape (searches ask often)
+        return _named_inflight(par.pp_schedule, par.pp, par.num_microbatches, stage,
+                               par.pp_virtual_stages)
     order = job_tables(job)[stage]
     last = job.parallel.num_stages - 1
     return (peak_in_flight(order) / job.parallel.pp_virtual_stages,
             peak_in_flight([a for a in order if a.chunk == last]))
+
+
+@lru_cache(maxsize=65536)
+def _named_inflight(schedule: str, p: int, m: int, stage: int, v: int) -> tuple[float, int]:
+    order = stage_table(schedule, p, m, stage, v)
+    return peak_in_flight(order) / v, peak_in_flight([a for a in order if a.chunk == p * v - 1])
+
+
+@lru_cache(maxsize=4096)
+def _named_table(schedule: str, p: int, m: int, stage: int, v: int) -> tuple[Action, ...]:
+    return tuple(stage_table(schedule, p, m, stage, v))
 
 
 def held_layer_bytes(job: Job, stage: int, kept: float, recomputed: float) -> float:
@@ -47,7 +62,10 @@ def held_layer_bytes(job: Job, stage: int, kept: float, recomputed: float) -> fl
     gradients need them)."""
     layers = Counter(_chunk_of(job, layer) for layer in job.layers_on_stage(stage))
     live = peak = 0.0
-    for a in job_tables(job)[stage]:
+    par = job.parallel
+    table = job_tables(job)[stage] if par.pp_schedule_csv is not None else _named_table(
+        par.pp_schedule, par.pp, par.num_microbatches, stage, par.pp_virtual_stages)
+    for a in table:
         n = layers.get(a.chunk, 0)
         if a.phase == "F":
             live += kept * n

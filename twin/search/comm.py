@@ -25,12 +25,15 @@ from twin.cost import CostModel
 from twin.sim.collectives import plan_collective
 from twin.sim.topology import Topology
 from twin.spec import Job
+from twin.spec.experts import expert_grid
 
 Affine = tuple[float, float]
 """(seconds, seconds per byte): t(S) = a + b * S."""
 Split = tuple[float, float, float]
 """(seconds, seconds per byte on links inside a node, on the network): b = b_intra + b_inter."""
 NETWORK = ("nic_out", "nic_in", "up", "down")
+EXPERT_DIMS = ("ep", "etp", "edp")
+"""Groups of the expert grid (``twin.spec.experts``), not axes of the rank grid."""
 
 
 def together_s(*parts: tuple[Split, float], tp=None) -> float:
@@ -80,14 +83,16 @@ class CommModel:
     def split(self, job: Job, kind: str, dims: str, role: str | None = None) -> Split:
         """(a, b_intra, b_inter) of one collective of ``kind`` over the ``dims`` group (e.g.
         'dp', 'tp-pp')."""
-        grid = job.grid
-        key = (kind, dims, role, grid.order, grid.sizes, grid.gpus_per_node, job.cluster.name)
+        grid, par = job.grid, job.parallel
+        key = (kind, dims, role, grid.order, grid.sizes, grid.gpus_per_node, job.cluster.name,
+               (par.ep, par.expert_tp) if dims in EXPERT_DIMS else None)
         hit = self._affine.get(key)
         if hit is not None:
             return hit
         gpn = grid.gpus_per_node
         # rank 0's group first, then the sibling groups of the axis that touch node 0
-        groups = list(dict.fromkeys(grid.group(r, dims) for r in range(min(gpn, grid.world_size))))
+        of = expert_grid(grid, par).group if dims in EXPERT_DIMS else grid.group
+        groups = list(dict.fromkeys(of(r, dims) for r in range(min(gpn, grid.world_size))))
         self._affine[key] = out = self._plan(job, kind, groups, role or dims)
         return out
 
@@ -163,8 +168,34 @@ class CommModel:
         return out
 
 
-def _shift(grid, rank: int, stage: int) -> int:
+    def shift(self, job: Job, dim: str) -> Affine:
+        """(a, b) of a send/recv from each rank to the next along ``dim`` (CP's ring), every
+        rank of node 0 sending at once (their flows share the links)."""
+        grid, cost = job.grid, self.cost
+        key = ("shift", dim, grid.order, grid.sizes, grid.gpus_per_node, job.cluster.name)
+        hit = self._p2p.get(key)
+        if hit is not None:
+            return hit[0]
+        topo, _ = self._topology(job)
+        n, gpn = grid.size(dim), grid.gpus_per_node
+        senders = range(min(gpn, grid.world_size))
+        flows = [(r, _shift(grid, r, (grid.coord(r, dim) + 1) % n, dim), 1.0) for r in senders]
+        inter = any(topo.inter(a, b) for a, b, _ in flows)
+        fit = cost.collective_fit("sendrecv", "inter" if inter else "intra", 2)
+        if fit is not None:
+            out = (fit["latency_us"] * 1e-6, 1.0 / (fit["bw_GBps"] * 1e9))
+        else:
+            lat = cost.p2p_latency_us * 1e-6 if cost.p2p_latency_us is not None \
+                else max(topo.alpha(a, b) for a, b, _ in flows)
+            cap = topo.resources_for({*senders, *(f[1] for f in flows)})
+            nodes = {grid.node(r) for f in flows for r in f[:2]}
+            out = (lat, self._loads_s(flows, topo, cap, nodes)[0])
+        self._p2p[key] = [out]
+        return out
+
+
+def _shift(grid, rank: int, stage: int, dim: str = "pp") -> int:
     coords = grid.coords(rank)
-    coords["pp"] = stage
+    coords[dim] = stage
     return grid.rank(**coords)
 

@@ -14,6 +14,13 @@ per stage:
     T_pipe = m * max_s W_s + (sum_s W_s - max_s W_s) / v   (1F1B, GPipe: v = 1;
              Narayanan et al. 2021, §2.2: bubble (p - 1) / v of a micro-batch's time)
 
+and the split-backward schedules' own bubbles (ZB-H1, ZB-V, DualPipeV: ``twin.search.
+bubble``, from the weight-gradient part W of the units' backward). A MoE model's layers are
+timed per class (``units.layer_classes``: its dispatch and combine all-to-alls over EP, the
+ETP collectives, the expert GEMMs on the tokens rank 0 receives); under CP on s/cp tokens
+with CP's attention, its ring transfers beside the kernels, and the pipeline's messages and
+the gradient reductions over dp x cp.
+
 Then the step's tail: the data-parallel gradient collectives left after the last backward
 (DDP/ZeRO buckets issued as gradients become ready overlap that backward, Li et al. 2020
 §3.2; ZeRO-2/3 reduce every micro-batch on the comm stream), the tied embedding's
@@ -21,6 +28,8 @@ all-reduce, the gradient-norm all-reduce, the step end's compute (``step_end_ops
 ZeRO-1/2's parameter all-gather (exposed). With the profile's ``p2p_host_sync`` (Megatron
 synchronizes the host after each exchange) the host issues every chunk afresh. A unit
 takes max(device, host) once the host runs ahead (``CostModel.host_time``).
+Routed experts on groups of their own reduce their gradients over the expert-data-parallel
+group (``edp``) after the dense buckets on the same stream.
 """
 
 from __future__ import annotations
@@ -32,10 +41,20 @@ from twin.cost import CostModel
 from twin.metrics import throughput
 from twin.schedule.emit import Ctx, ProgramBuilder
 from twin.schedule.ir import Op
+from twin.schedule.pipeline import V_SCHEDULES
+from twin.search.bubble import pipeline_s
 from twin.search.comm import CommModel, together_s
-from twin.search.units import Timing, unit_timings
+from twin.search.units import Timing, layer_classes, unit_timings
 from twin.spec import Job
-from twin.workload.params import layer_params, stage_params, vocab_rows
+from twin.spec.experts import expert_grid, has_expert_groups
+from twin.workload.context import dp_dims
+from twin.workload.params import (
+    expert_params,
+    fsdp_layer_units,
+    layer_params,
+    stage_params,
+    vocab_rows,
+)
 
 MIB = 1024 * 1024
 
@@ -62,6 +81,9 @@ class Shape:
     layers: tuple[int, ...]
     params: tuple[int, ...]
     unit_bytes: float
+    experts: tuple[int, ...] = ()
+    """Per stage: the routed experts' parameters on groups of their own (reduced over edp;
+    part of ``params``), or () when the experts live on the dense groups."""
 
 
 class Estimator:
@@ -73,26 +95,83 @@ class Estimator:
         self.comm = CommModel(cost)
         self._units: dict[tuple, dict[str, Timing]] = {}
         self._shapes: dict[tuple, Shape] = {}
+        self._classes: dict[tuple, tuple] = {}
+        self._per_step: dict[tuple, tuple[float, float]] = {}
+        self._step_end: dict[tuple, float] = {}
+
+    def rates(self, job: Job, step_s: float) -> tuple[float, float]:
+        """(tokens/s, MFU) at ``step_s`` (``twin.metrics.throughput``, both ~ 1 / step)."""
+        p = job.parallel
+        key = (job.model, p.global_batch_size, job.grid.world_size, job.peak_dtype,
+               repr(job.cluster.gpu))
+        hit = self._per_step.get(key)
+        if hit is None:
+            tokens, _, mfu = throughput(job, 1.0)
+            hit = self._per_step[key] = (tokens, mfu)
+        return hit[0] / step_s, hit[1] / step_s
+
+    def step_end_s(self, job: Job, local: int) -> float:
+        """The step end's compute on ``local`` parameters (``step_end_ops``)."""
+        p = job.parallel
+        key = (local, p.optimizer_kernels, p.optimizer_dtype, job.model.dtype,
+               repr(job.cluster.gpu))
+        hit = self._step_end.get(key)
+        if hit is None:
+            hit = self._step_end[key] = sum(self.cost.compute_time(op, job.cluster.gpu)
+                                            for op in step_end_ops(job, local))
+        return hit
 
     def shape(self, job: Job) -> Shape:
         """Layers and parameters per stage (shared by every plan with this split)."""
         p = job.parallel
-        key = (p.tp, p.pp, p.pp_virtual_stages, p.pp_stage_layers, job.model)
+        model = job.model
+        key = (p.tp, p.pp, p.pp_virtual_stages, p.pp_stage_layers, p.pp_schedule in V_SCHEDULES,
+               model, p.ep, p.expert_tp)
         hit = self._shapes.get(key)
         if hit is None:
-            e = job.model.dtype_bytes
+            e = model.dtype_bytes
+            units = fsdp_layer_units(job, 0) if model.moe is not None else \
+                [layer_params(model, p.tp).total]
+            experts = () if not has_expert_groups(model, p) else tuple(
+                sum(map(model.moe.is_moe_layer, job.layers_on_stage(s)))
+                * expert_params(model, p.ep, p.expert_tp) for s in range(p.pp))
             hit = self._shapes[key] = Shape(
                 layers=tuple(len(job.layers_on_stage(s)) for s in range(p.pp)),
                 params=tuple(stage_params(job, s) for s in range(p.pp)),
-                unit_bytes=layer_params(job.model, p.tp).total * e)
+                unit_bytes=e * sum(units) / max(1, len(units)), experts=experts)
+        return hit
+
+    def classes(self, job: Job) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Per stage: (representative layer, how many of its layers it stands for)."""
+        p, model = job.parallel, job.model
+        key = (p.tp, p.sp, p.pp, p.pp_virtual_stages, p.pp_stage_layers, model,
+               p.pp_schedule in V_SCHEDULES, p.micro_batch_size, p.ep)
+        hit = self._classes.get(key)
+        if hit is None:
+            rep = layer_classes(job)
+            out = []
+            for s in range(p.pp):
+                counts: dict[int, int] = {}
+                for layer in job.layers_on_stage(s):
+                    counts[rep[layer]] = counts.get(rep[layer], 0) + 1
+                out.append(tuple(counts.items()))
+            hit = self._classes[key] = tuple(out)
         return hit
 
     def units(self, job: Job) -> dict[str, Timing]:
         p = job.parallel
         tp = tuple(self.comm.split(job, k, "tp") for k in ("all_reduce", "all_gather",
                                                           "reduce_scatter")) if p.tp > 1 else ()
+        own: tuple = ()  # the expert and CP groups' closed forms (not the whole grid)
+        if has_expert_groups(job.model, p):
+            own = (p.ep, p.expert_tp, self.comm.split(job, "all_to_all", "ep"),
+                   *(self.comm.split(job, k, "etp") for k in ("all_gather", "reduce_scatter")))
+        if p.cp > 1:
+            own += (p.cp, p.cp_method, p.cp_load_balance, self.comm.shift(job, "cp"),
+                    *(self.comm.split(job, k, "cp") for k in ("all_gather", "reduce_scatter",
+                                                             "all_to_all")))
         key = (job.model, p.tp, p.sp, p.micro_batch_size, p.recompute, p.flash_attention,
-               repr(job.cluster.gpu), tp)
+               repr(job.cluster.gpu), tp, own)
         hit = self._units.get(key)
         if hit is None:
             hit = self._units[key] = unit_timings(job, self.cost, self.comm)
@@ -119,34 +198,43 @@ def _beside(unit: Timing, parts: list) -> float:
 
 
 def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
-        -> tuple[list, list, dict]:
-    """Per stage (F_s, B_s) of one micro-batch, and the exposed TP part."""
+        -> tuple[list, list, list, dict]:
+    """Per stage (F_s, B_s, W_s) of one micro-batch (W_s: B_s's weight-gradient GEMMs),
+    and the exposed TP part."""
     par, model, comm = job.parallel, job.model, est.comm
     p, v, e = par.pp, par.pp_virtual_stages, model.dtype_bytes
     sync = est.cost.p2p_host_sync and p > 1
-    fsdp = par.zero_stage == 3 and par.dp > 1
+    fsdp = par.zero_stage == 3 and par.dp * par.cp > 1
     shard = _shard_group(par)
     unit_bytes = shape.unit_bytes
+    classes = est.classes(job)
+    reps = sorted({r for stage in classes for r, _ in stage})
+    lf = {r: u[f"layer_fwd@{r}"].time_s for r in reps}
+    lb = {r: u[f"layer_bwd@{r}"].time_s for r in reps}
     ag = 0.0
-    lf, lb = u["layer_fwd"].time_s, u["layer_bwd"].time_s
     if fsdp:  # the next layer's gather (and this one's reduce-scatter) beside the compute
         ag_split = comm.split(job, "all_gather", shard)
         ag = comm.collective_s(job, "all_gather", shard, unit_bytes)
-        lf = _beside(u["layer_fwd"], [(ag_split, unit_bytes)])
         parts = [(ag_split, unit_bytes)] if par.fsdp_reshard_after_forward else []
         if par.sync_every_microbatch:
             parts.append((comm.split(job, "reduce_scatter", shard), unit_bytes))
-        lb = _beside(u["layer_bwd"], parts)
-    fs, bs = [], []
+        for r in reps:
+            lf[r] = _beside(u[f"layer_fwd@{r}"], [(ag_split, unit_bytes)])
+            lb[r] = _beside(u[f"layer_bwd@{r}"], parts)
+    fs, bs, ws = [], [], []
     for s in range(p):
         n = shape.layers[s]
-        f, b = n * lf, n * lb
-        if s == 0:
+        f = sum(k * lf[r] for r, k in classes[s])
+        b = sum(k * lb[r] for r, k in classes[s])
+        w = sum(k * u[f"layer_bwd@{r}"].w_s for r, k in classes[s])
+        if s == job.chunk_stage(0):
             f += u["embed_fwd"].time_s
             b += u["embed_bwd"].time_s
-        if s == p - 1:
+            w += u["embed_bwd"].w_s
+        if s == job.head_stage:
             f += u["head_fwd"].time_s
             b += u["head_bwd"].time_s
+            w += u["head_bwd"].w_s
         if fsdp:  # each chunk's first gather is not hidden (again in backward when resharded);
             # the root (embedding, head) once
             root = shape.params[s] * e - n * unit_bytes
@@ -157,24 +245,28 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
             b += v * u["layer_bwd"].first_host_s
         fs.append(f)
         bs.append(b)
-    exposed = {"tp": shape.layers[0] * (u["layer_fwd"].exposed_comm_s
-                                        + u["layer_bwd"].exposed_comm_s)}
-    return fs, bs, exposed
+        ws.append(w)
+    exposed = {"tp": sum(k * (u[f"layer_fwd@{r}"].exposed_comm_s
+                              + u[f"layer_bwd@{r}"].exposed_comm_s) for r, k in classes[0])}
+    return fs, bs, ws, exposed
 
 
 def _shard_group(par) -> str:
-    """The group ZeRO/FSDP shards over: dp, or dp_shard under HSDP."""
-    return "dp_shard" if par.dp_replicate > 1 else "dp"
+    """The group ZeRO/FSDP shards over: dp (dp x cp under CP), or dp_shard under HSDP."""
+    return "dp_shard" if par.dp_replicate > 1 else dp_dims(par)
 
 
-def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: float) -> float:
-    """Data-parallel gradient communication of a stage (``params`` its parameters, ``unit``
-    the bytes of one layer) left after its last backward."""
+def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: float,
+             experts: int = 0) -> float:
+    """Data-parallel gradient communication of a stage (``params`` its parameters, of which
+    ``experts`` reduced over edp; ``unit`` the bytes of one layer) left after its last
+    backward."""
     par, comm = job.parallel, est.comm
     m = par.num_microbatches
-    if par.dp <= 1:
+    if par.dp * par.cp <= 1 and not experts:
         return 0.0
-    total = params * job.model.dtype_bytes
+    e = job.model.dtype_bytes
+    group = dp_dims(par)
     if par.zero_stage == 3:
         shard = _shard_group(par)
 
@@ -187,13 +279,17 @@ def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: fl
         rs_unit = reduce(unit)
         if par.sync_every_microbatch:
             return rs_unit  # the last unit's reduction
-        return max(rs_unit, reduce(total) - b)
+        return max(rs_unit, reduce(params * e) - b)
     kind = "all_reduce" if par.zero_stage == 0 else "reduce_scatter"
     cap = par.ddp_bucket_MB * MIB
-    buckets = max(1, math.ceil(total / cap))
-    a, per_byte = comm.affine(job, kind, "dp")
-    whole = buckets * a + total * per_byte
-    last = a + min(cap, total) * per_byte
+    whole, last = 0.0, 0.0
+    for grp, nbytes in ((group, (params - experts) * e), ("edp", experts * e)):
+        if nbytes <= 0 or (grp == "edp" and expert_grid(job.grid, par).edp == 1) \
+                or (grp != "edp" and par.dp * par.cp == 1):
+            continue
+        a, per_byte = comm.affine(job, kind, grp)
+        whole += max(1, math.ceil(nbytes / cap)) * a + nbytes * per_byte
+        last = a + min(cap, nbytes) * per_byte  # the expert buckets come after the dense
     if par.sync_every_microbatch:
         return max(last, m * whole - (m - 1) * (f + b) - b)
     return max(last, whole - b)
@@ -206,14 +302,17 @@ def _tail(job: Job, est: Estimator, fs: list, bs: list, c: float, shape: Shape) 
     p, v, e = par.pp, par.pp_virtual_stages, model.dtype_bytes
     dp_tail, offset = 0.0, 0.0
     tails: dict[tuple, float] = {}
-    for s in range(p):  # a later stage ends its backwards earlier (the drain runs to stage 0)
-        key = (fs[s], bs[s], shape.params[s])
+    experts = shape.experts or (0,) * p
+    for s in range(p):  # a later stage ends its backwards earlier (the drain runs to stage
+        # 0; in a V too: chunk 0's backward is the last, on stage 0)
+        key = (fs[s], bs[s], shape.params[s], experts[s])
         if key not in tails:
-            tails[key] = _dp_tail(job, est, fs[s], bs[s], shape.params[s], shape.unit_bytes)
+            tails[key] = _dp_tail(job, est, fs[s], bs[s], shape.params[s], shape.unit_bytes,
+                                  experts[s])
         dp_tail = max(dp_tail, tails[key] - offset)
         offset += bs[s] / v + c
     rest = 0.0
-    if p > 1 and model.tie_embeddings:
+    if p > 1 and model.tie_embeddings and job.head_stage != job.chunk_stage(0):
         grid = job.grid
         pairs = [(r, r + grid.rank(pp=p - 1)) for r in range(min(grid.gpus_per_node,
                                                                 grid.world_size))
@@ -222,16 +321,20 @@ def _tail(job: Job, est: Estimator, fs: list, bs: list, c: float, shape: Shape) 
             (par.shard_degree if par.zero_stage >= 2 else 1)
         a, b = comm.pair_affine(job, "all_reduce", pairs, "embd")
         rest += a + b * nbytes
-    dims = "tp-pp" + ("-dp" if par.zero_stage >= 1 else "")
+    dims = "tp-pp" + ("-" + dp_dims(par) if par.zero_stage >= 1 else "")
     rest += comm.collective_s(job, "all_reduce", dims, 4, role=dims)
-    params = max(shape.params)
-    local = -(-params // par.shard_degree) if par.zero_stage >= 1 else params
-    rest += sum(est.cost.compute_time(op, job.cluster.gpu) for op in step_end_ops(job, local))
-    if par.zero_stage in (1, 2) and par.dp > 1:
+    s_max = max(range(p), key=lambda s: shape.params[s])
+    params, ex = shape.params[s_max], experts[s_max]
+    edp = expert_grid(job.grid, par).edp if ex else 1
+    local = -(-(params - ex) // par.shard_degree) + -(-ex // edp) if par.zero_stage >= 1 \
+        else params
+    rest += est.step_end_s(job, local)
+    if par.zero_stage in (1, 2) and par.dp * par.cp > 1:
         cap = par.ddp_bucket_MB * MIB
-        total = params * e
-        a, b = comm.affine(job, "all_gather", "dp")
-        rest += max(1, math.ceil(total / cap)) * a + total * b
+        for grp, nbytes in ((dp_dims(par), (params - ex) * e), ("edp", ex * e)):
+            if nbytes > 0 and (grp != "edp" or edp > 1):
+                a, b = comm.affine(job, "all_gather", grp)
+                rest += max(1, math.ceil(nbytes / cap)) * a + nbytes * b
     return dp_tail, rest
 
 
@@ -251,11 +354,11 @@ def estimate(job: Job, est: Estimator) -> Estimate:
     p, v, m = par.pp, par.pp_virtual_stages, par.num_microbatches
     u = est.units(job)
     shape = est.shape(job)
-    fs, bs, exposed = _stage_times(job, est, u, shape)
+    fs, bs, ws, exposed = _stage_times(job, est, u, shape)
     c = 0.0
     if p > 1:
         nbytes = model.dtype_bytes * par.micro_batch_size * model.seq_len * model.hidden_size \
-            / (par.tp if par.sp else 1)
+            / ((par.tp if par.sp else 1) * par.cp)
         links = est.comm.p2p(job)
         c = max(a + b * nbytes for a, b in (links if v > 1 else links[:-1]))
     # a stage exchanges twice per micro-batch and chunk (its input's recv beside the last
@@ -263,14 +366,16 @@ def estimate(job: Job, est: Estimator) -> Estimate:
     # input to receive, or no output to send, in one direction)
     hops = [2 * v - (1 if v == 1 and s in (0, p - 1) else 0) for s in range(p)]
     w = [f + b + k * c for f, b, k in zip(fs, bs, hops)] if p > 1 else [fs[0] + bs[0]]
-    worst = max(w)
-    pipe = m * worst + (sum(w) - worst) / v
+    worst = max(range(len(w)), key=w.__getitem__)
+    half = hops[worst] * c / 2
+    pipe = pipeline_s(par.pp_schedule, p, v, m, w, fs[worst] + half, bs[worst] + half,
+                      ws[worst])
     dp_tail, rest = _tail(job, est, fs, bs, c, shape)
     step = pipe + dp_tail + rest
-    tokens_per_s, _, mfu = throughput(job, step)
+    tokens_per_s, mfu = est.rates(job, step)
     comm = {"tp": m * exposed["tp"], "dp": dp_tail}
     if p > 1:
         comm["pp"] = max(hops) * c * m
-    return Estimate(step_time_s=step, pipeline_s=pipe, bubble_s=pipe - m * worst,
+    return Estimate(step_time_s=step, pipeline_s=pipe, bubble_s=pipe - m * w[worst],
                     exposed_comm_s={k: x for k, x in comm.items() if x > 0},
                     tokens_per_s=tokens_per_s, mfu=mfu)

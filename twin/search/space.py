@@ -76,10 +76,10 @@ class SearchSpace:
     cp: tuple[int, ...] | None = None
     """Context-parallel degrees; None: every legal one at seq_len >= LONG_SEQUENCE, else 1."""
     dp_replicate: tuple[int, ...] | None = None
-    """HSDP replicas of ZeRO-3 plans; None: 1 and dp / gpus per node (one shard group per
-    node's worth of data-parallel ranks) when that divides dp and is > 1."""
+    """HSDP replicas of ZeRO-3 plans; None: 1 and dp / gpus per node (shard groups of as many
+    data-parallel ranks as a node has GPUs) when that divides dp and is > 1."""
     gpus_per_node: int = 8
-    """The cluster's GPUs per node (the default dp_replicate: dp / the dp ranks of a node)."""
+    """The cluster's GPUs per node (the default dp_replicate: dp / gpus_per_node)."""
     base: ParallelPlan = ParallelPlan()
     """Where the fields the search does not vary come from (flash_attention, grad_sync, ...)."""
 
@@ -114,7 +114,8 @@ def legal_tp(model: ModelSpec, gpus: int) -> list[int]:
             and (kv % t == 0 or t % kv == 0) and gpus % t == 0 and shared % t == 0]
 
 
-def legal_cp(model: ModelSpec, base: ParallelPlan, rest: int, space: SearchSpace) -> list[int]:
+def legal_cp(model: ModelSpec, base: ParallelPlan, tp: int, rest: int,
+             space: SearchSpace) -> list[int]:
     """cp degrees dividing ``rest`` (GPUs / (tp * pp)) that build_job accepts with the base
     plan's cp_method and cp_load_balance (``twin.spec.context``); the default space tries
     cp > 1 only from seq_len >= LONG_SEQUENCE."""
@@ -128,7 +129,7 @@ def legal_cp(model: ModelSpec, base: ParallelPlan, rest: int, space: SearchSpace
             chunks = 2 * c if base.cp_load_balance == "headtail" else c
             if model.moe is not None or not base.flash_attention or model.seq_len % chunks:
                 continue
-            if base.cp_method == "alltoall" and not _ulysses_ok(model, base.tp, c):
+            if base.cp_method == "alltoall" and not _ulysses_ok(model, tp, c):
                 continue
         out.append(c)
     return out
@@ -158,14 +159,14 @@ def experts(model: ModelSpec, space: SearchSpace, tp: int, stage: int, sp: bool,
     return out
 
 
-def replicas(space: SearchSpace, dp: int, dp_gpn: int, zero: int, cp: int, ep: int) -> list[int]:
+def replicas(space: SearchSpace, dp: int, gpn: int, zero: int, cp: int, ep: int) -> list[int]:
     """HSDP degrees (dp_replicate) of a plan: 1, and under ZeRO-3 those dividing dp (default:
-    dp / ``dp_gpn``, the data-parallel ranks of one node: one shard group per node), never
-    with cp > 1 or ep > 1 (build_job refuses those)."""
+    dp / gpn, shard groups of gpn data-parallel ranks: a node, or with tp * pp > 1 a group of
+    tp * pp nodes), never with cp > 1 or ep > 1 (build_job refuses those)."""
     if zero != 3 or cp > 1 or ep > 1 or dp <= 1:
         return [1] if space.dp_replicate is None or 1 in space.dp_replicate else []
     wanted = space.dp_replicate if space.dp_replicate is not None else \
-        (1, dp // dp_gpn) if dp_gpn > 1 and dp % dp_gpn == 0 else (1,)
+        (1, dp // gpn) if dp % gpn == 0 else (1,)
     return [r for r in dict.fromkeys(wanted) if dp % r == 0]
 
 
@@ -255,7 +256,7 @@ def memory_plans(model: ModelSpec, gpus: int, space: SearchSpace) -> Iterator[Pa
         for pp in divisors(model.num_layers):
             if gpus % (tp * pp) or (space.pp is not None and pp not in space.pp):
                 continue
-            for cp in legal_cp(model, dataclasses.replace(base, tp=tp), gpus // (tp * pp), space):
+            for cp in legal_cp(model, base, tp, gpus // (tp * pp), space):
                 dp = gpus // (tp * pp * cp)
                 if gbs % dp:
                     continue
@@ -272,7 +273,6 @@ def _plans_of(model: ModelSpec, space: SearchSpace, gpn: int, tp: int, pp: int, 
     sps = _choices(space, "sp", (False, True)) if tp > 1 else \
         [False] if space.sp is None or False in space.sp else []
     zeros = _choices(space, "zero_stage", ZERO_STAGES) if dp * cp > 1 else [0]
-    dp_gpn = max(1, gpn // (tp * cp * pp))  # dp ranks of one node (default rank order)
     for mb in mbs:
         for sched, v in _schedules(space, model, pp, per_dp // mb):
             for sp, zero, rec in itertools.product(
@@ -283,7 +283,7 @@ def _plans_of(model: ModelSpec, space: SearchSpace, gpn: int, tp: int, pp: int, 
                     if zero == 3 else [True]
                 for (ep, etp), reshard in itertools.product(
                         experts(model, space, tp, tp * cp * dp, sp, zero), reshards):
-                    for r in replicas(space, dp, dp_gpn, zero, cp, ep):
+                    for r in replicas(space, dp, gpn, zero, cp, ep):
                         yield _replace(
                             base, dp=dp, tp=tp, pp=pp, cp=cp, sp=sp, zero_stage=zero,
                             fsdp_reshard_after_forward=reshard, micro_batch_size=mb,

@@ -14,7 +14,7 @@ from twin.spec import ModelSpec, ParallelPlan
 
 PLAN_KEYS = ("dp", "tp", "pp", "sp", "zero_stage", "fsdp_reshard_after_forward",
              "micro_batch_size", "global_batch_size", "pp_schedule", "pp_virtual_stages",
-             "recompute", "rank_order")
+             "recompute", "rank_order", "ep", "etp", "cp", "dp_replicate")
 
 
 def plan_fields(plan: ParallelPlan) -> dict:
@@ -26,12 +26,18 @@ def plan_fields(plan: ParallelPlan) -> dict:
 
 
 def plan_label(p: dict | ParallelPlan) -> str:
-    """'tp4 pp2 dp128 fsdp sp interleaved v4 mb1 rc=full [tp-cp-dp-pp]' (degrees > 1)."""
+    """'tp4 pp2 cp2 dp128 ep8 etp1 hsdp16 sp interleaved v4 mb1 rc=full [tp-cp-dp-pp]'
+    (degrees > 1; etp when it is not tp; hsdpN: N replicas of FSDP)."""
     p = plan_fields(p) if isinstance(p, ParallelPlan) else p
-    parts = [f"{k}{p[k]}" for k in ("tp", "pp", "dp") if p[k] > 1] or ["single"]
+    parts = [f"{k}{p[k]}" for k in ("tp", "pp", "cp", "dp", "ep") if p.get(k, 1) > 1] \
+        or ["single"]
+    if p.get("etp") is not None and p["etp"] != p["tp"]:
+        parts.append(f"etp{p['etp']}")
     if p["zero_stage"]:
         parts.append(("fsdp" if p["fsdp_reshard_after_forward"] else "fsdp-keep")
                      if p["zero_stage"] == 3 else f"zero{p['zero_stage']}")
+    if p.get("dp_replicate", 1) > 1:
+        parts.append(f"hsdp{p['dp_replicate']}")
     if p["sp"]:
         parts.append("sp")
     if p["pp"] > 1:

@@ -8,6 +8,17 @@ else is in flight: an op starts when its stream is free and its dependencies are
 (list scheduling over the IR's streams); compute takes ``CostModel.compute_time``,
 a TP collective its closed form (``twin.search.comm``). The host's issue time is summed
 apart (``CostModel.host_time``): a unit takes max(device, host) once the host runs ahead.
+
+As the step builds them (``twin.schedule.step``): under CP the token-proportional ops see
+s/cp tokens and the attention core is CP's (ring send/recv beside the kernels, all-gather or
+Ulysses all-to-alls); a MoE layer's MLP is the expert block (router, dispatch and combine
+all-to-alls over EP, ETP gathers, grouped GEMMs on the tokens rank 0 receives, shared
+experts). Layers that emit alike share one timing (``layer_classes``: the dense layers,
+and the MoE layers of one traffic). A send/recv pair completes c = a + S b after both ends
+are posted (``CommModel.shift``; by symmetry the peer posts its send when this rank posts
+its own of the same tag), transfers in one direction one after another; p2p ops hold no
+stream (the IR's isend/irecv). ``w_s``: the weight-gradient GEMMs of a backward (W of the
+split-backward schedules; I = B - W).
 """
 
 from __future__ import annotations
@@ -15,11 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twin.cost import CostModel
+from twin.schedule.context import apply_cp
 from twin.schedule.emit import Ctx, ProgramBuilder
 from twin.schedule.ir import Op
+from twin.schedule.moe import apply_moe
 from twin.schedule.tensor import TensorParallel
 from twin.search.comm import CommModel
 from twin.spec import Job
+from twin.spec.experts import expert_grid
+from twin.workload.context import local_model
+from twin.workload.moe import traffic
 
 UNITS = ("layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd")
 
@@ -41,6 +57,8 @@ class Timing:
     """Its collectives' load on the links inside a node (``twin.search.comm.Split``)."""
     inter_s: float = 0.0
     """Its collectives' load on the network."""
+    w_s: float = 0.0
+    """Its weight-gradient GEMMs (a backward's W)."""
 
     @property
     def time_s(self) -> float:
@@ -52,22 +70,43 @@ class Timing:
         return self.device_s - self.compute_s
 
 
+def layer_classes(job: Job) -> dict[int, int]:
+    """Each layer's representative: the first layer that emits the same ops (a dense
+    model's layer 0; a MoE model's first dense layer, and per distinct traffic of rank 0
+    the first MoE layer that routes so)."""
+    moe, par = job.model.moe, job.parallel
+    if moe is None:
+        return dict.fromkeys(range(job.model.num_layers), 0)
+    ep_rank = expert_grid(job.grid, par).coords(0)["ep"] if par.ep > 1 else 0
+    tokens = par.micro_batch_size * job.model.seq_len // (par.tp if par.sp else 1)
+    seen: dict[object, int] = {}
+    out = {}
+    for layer in range(job.model.num_layers):
+        key = traffic(moe, layer, tokens, par.ep, ep_rank) if moe.is_moe_layer(layer) else None
+        out[layer] = seen.setdefault(key, layer)
+    return out
+
+
 def unit_ops(job: Job) -> dict[str, list[Op]]:
     """The ops of each unit of ``UNITS`` on rank 0, as the planner emits them (recomputation
-    of the layer's forward or attention core inside the layer's backward)."""
-    par, model = job.parallel, job.model
+    of the layer's forward or attention core inside the layer's backward); ``layer_fwd@L``
+    and ``layer_bwd@L`` for each representative L of ``layer_classes`` (``layer_fwd`` and
+    ``layer_bwd``: layer 0's)."""
+    par = job.parallel
+    model = local_model(job.model, par)  # under CP the passes see the s/cp tokens a rank holds
     group = job.grid.group(0, "tp")
     out: dict[str, list[Op]] = {}
 
     def emit(name: str, body) -> None:
         b = ProgramBuilder(job, 0)
-        body(TensorParallel(b, model, par, group, []))
+        tp = TensorParallel(b, model, par, group, [])
+        tp.moe = apply_moe(b, job, 0, tp)
+        tp.cp = apply_cp(b, job, 0)
+        body(tp)
         out[name] = b.ops
 
-    fwd, bwd = Ctx("fwd", mb=0, layer=0), Ctx("bwd", mb=0, layer=0)
-    rec = Ctx("recompute", mb=0, layer=0)
-
-    def layer_bwd(tp: TensorParallel) -> None:
+    def layer_bwd(tp: TensorParallel, layer: int) -> None:
+        rec, bwd = Ctx("recompute", mb=0, layer=layer), Ctx("bwd", mb=0, layer=layer)
         x, attn = None, None
         if par.recompute == "full":
             x = tp.layer_forward(rec, None)
@@ -75,8 +114,13 @@ def unit_ops(job: Job) -> dict[str, list[Op]]:
             attn = tp.attention_recompute(rec, None)
         tp.layer_backward(bwd, x, {}, recompute_attention=attn)
 
-    emit("layer_fwd", lambda tp: tp.layer_forward(fwd, None))
-    emit("layer_bwd", layer_bwd)
+    classes = layer_classes(job)
+    for rep in sorted(set(classes.values())):
+        emit(f"layer_fwd@{rep}", lambda tp, r=rep: tp.layer_forward(Ctx("fwd", mb=0, layer=r),
+                                                                     None))
+        emit(f"layer_bwd@{rep}", lambda tp, r=rep: layer_bwd(tp, r))
+    out["layer_fwd"], out["layer_bwd"] = out[f"layer_fwd@{classes[0]}"], \
+        out[f"layer_bwd@{classes[0]}"]
     emit("embed_fwd", lambda tp: tp.embedding_forward(Ctx("fwd", mb=0), None))
     emit("embed_bwd", lambda tp: tp.embedding_backward(Ctx("bwd", mb=0), None, {}))
     emit("head_fwd", lambda tp: tp.head_forward(Ctx("fwd", mb=0), None))
@@ -89,7 +133,9 @@ def time_ops(ops: list[Op], job: Job, cost: CostModel, comm: CommModel) -> Timin
     gpu = job.cluster.gpu
     end = [0.0] * len(ops)
     free: dict[str, float] = {}
-    compute = host = intra = inter = 0.0
+    sends: dict[str, tuple[int, float]] = {}  # tag -> (index, posted at)
+    link = 0.0  # when the ring's outgoing link is free
+    compute = host = intra = inter = w = 0.0
     first = None
     for i, op in enumerate(ops):
         ready = max((end[d] for d in op.deps), default=0.0)
@@ -99,9 +145,23 @@ def time_ops(ops: list[Op], job: Job, cost: CostModel, comm: CommModel) -> Timin
         h = cost.host_time(op)
         host += h
         first = h if first is None else first
+        if op.is_p2p:
+            if op.kind == "send":
+                sends[op.tag] = (i, ready)
+                end[i] = ready
+                continue
+            j, posted = sends.pop(op.tag, (None, ready))
+            a, b = comm.shift(job, op.group_name or "cp")
+            start = max(ready, posted, link)
+            link = end[i] = start + a + b * op.bytes
+            if j is not None:
+                end[j] = end[i]
+            continue
         if op.is_compute:
             dur = cost.compute_time(op, gpu)
             compute += dur
+            if "wgrad" in op.name:
+                w += dur
         elif op.is_collective:
             a, bi, be = comm.split(job, op.kind, op.group_name)
             dur = a + (bi + be) * op.bytes
@@ -112,7 +172,7 @@ def time_ops(ops: list[Op], job: Job, cost: CostModel, comm: CommModel) -> Timin
         start = max(ready, free.get(op.stream, 0.0))
         end[i] = start + dur
         free[op.stream] = end[i]
-    return Timing(max(end, default=0.0), compute, host, first or 0.0, len(ops), intra, inter)
+    return Timing(max(end, default=0.0), compute, host, first or 0.0, len(ops), intra, inter, w)
 
 
 def unit_timings(job: Job, cost: CostModel, comm: CommModel) -> dict[str, Timing]:

@@ -7,10 +7,11 @@ another stream waits for are advanced with one timeout (their spans follow by
 arithmetic), so events scale with the synchronisation points, not with the ops. Memory
 ops take no time: each happens when its last dependency ends, computed after the run.
 
-Rank folding: ranks that are copies of each other along the folded axes (dp, tp) are
-simulated once; their collectives complete when the simulated members arrive, and every
-member's flows, and the flows of the group's copies on the links the group uses, load the
-fabric as in the full run (twin/sim/flows.py); compute on shared cores counts once per copy.
+Rank folding: ranks that are copies of each other along the folded axes (dp, tp; under
+expert parallelism the shifts that keep expert groups, twin.schedule.builder) are simulated
+once; their collectives complete when the simulated members arrive, and every member's
+flows, and the flows of the group's copies on the links the group uses, load the fabric as
+in the full run (twin/sim/flows.py); compute on shared cores counts once per copy.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from twin.sim.records import (  # noqa: F401 - SimOptions, fold_classes: public 
     SimOptions,
     Structure,
     fold_classes,
-    folded_axes,
+    folded_shifts,
 )
 from twin.sim.topology import Topology
 from twin.spec import Job
@@ -57,7 +58,7 @@ class Simulation:
             every = sorted({m for members in classes.values() for m in members})
         self.fabric = Fabric(self.env, self.topo.resources_for(every))
         self.flows = FlowPlanner(self.topo, cost, options.algorithm,
-                                 folded_axes(job, options.fold) if len(classes) < world else ())
+                                 folded_shifts(job, options.fold) if len(classes) < world else ())
         self.classes = classes
         self.simulated = set(programs)
         self.rng = np.random.default_rng(options.seed)

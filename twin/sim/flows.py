@@ -7,7 +7,7 @@ resource's weight counts the transfers that cross it:
 - every member's transfers, simulated or not (a folded member moves the same bytes as its
   representative, over its own links);
 - under rank folding, the transfers of the group's copies (the same call on the ranks the
-  folded axes map the group to) that cross a resource of the group's own transfers: those
+  folded shifts map the group to) that cross a resource of the group's own transfers: those
   copies run at the same instant and share the node's NICs, up/down links or cores.
 
 With every rank simulated this is the phase's flows and nothing else; folded, the bundle
@@ -51,14 +51,12 @@ class Planned(NamedTuple):
 
 class FlowPlanner:
     """Plans the bundles of collectives and send/recvs for one simulation (see the module
-    docstring); ``axes``: the folded grid axes (none: every rank simulated)."""
+    docstring); ``shifts``: the folded shifts (twin.sim.records.folded_shifts: each a
+    stride and a size; none: every rank simulated)."""
 
-    def __init__(self, topo: Topology, cost: CostModel, algorithm: str,
-                 axes: tuple[str, ...] = ()):
+    def __init__(self, topo: Topology, cost: CostModel, algorithm: str, shifts=()):
         self.topo, self.cost, self.algorithm = topo, cost, algorithm
-        grid = topo.grid
-        self.axes = tuple(a for a in axes if grid.size(a) > 1)
-        self._stride = {d: grid.rank(**{d: 1}) if grid.size(d) > 1 else 0 for d in grid.order}
+        self.shifts = tuple(s for s in shifts if s.size > 1)
         self._memo: dict[tuple, Planned] = {}
         self._fits: dict[tuple, dict | None] = {}
         self._uneven: dict[tuple, tuple] = {}  # (group, op name) -> its memo key
@@ -129,9 +127,9 @@ class FlowPlanner:
         a resource's weight is the bytes crossing it over the largest flow's, so the phase
         lasts as long as its most loaded resource needs (the even case: the flow count)."""
         missing = [m for m in group if m not in rows]
-        if missing:
+        if missing:  # folding keeps EP groups whole (twin.schedule.builder.symmetric_shifts)
             raise ValueError(f"uneven all-to-all {name} on {group}: ranks {missing} are not "
-                             "simulated (expert-parallel plans are never folded)")
+                             "simulated (a fold split the EP group)")
         flows = [Transfer(a, b, rows[a][j] / nbytes) for a in group
                  for j, b in enumerate(group) if a != b and rows[a][j] > 0]
         key = ("v", group, role, tuple(f.size_bytes for f in flows))
@@ -145,6 +143,11 @@ class FlowPlanner:
             for src, dst, size in flows:
                 for r in self.topo.route(src, dst):
                     weights[r] = weights.get(r, 0.0) + size / amount
+            for copy in self._copies(flows, group):  # the same rows on the group's copies
+                for (src, dst), f in zip(copy, flows):
+                    for r in self.topo.route(src, dst):
+                        if r in weights:
+                            weights[r] += f.size_bytes / amount
             res = tuple(weights)
             bundle = Bundle(res, tuple(weights[r] for r in res), amount,
                             tuple(self.topo.byte_cost(r) for r in res))
@@ -199,16 +202,15 @@ class FlowPlanner:
     def _copies(self, flows: list[Transfer], group: tuple[int, ...]):
         """The flows of each copy of ``group`` under folding that touches a node of the
         group's own flows (copies elsewhere share no resource with them)."""
-        if not self.axes:
+        if not self.shifts:
             return
-        grid = self.topo.grid
-        moving = [a for a in self.axes if len({grid.coord(m, a) for m in group}) == 1]
+        moving = [s for s in self.shifts if len({s.value(m) for m in group}) == 1]
         if not moving:
-            return  # the group spans every folded axis: its copies are the group itself
+            return  # the group spans every folded shift: its copies are the group itself
         gpn = self.topo.gpn
         ends = np.array([e for f in flows for e in (f.src, f.dst)], dtype=np.int64)
-        sizes = np.array([grid.size(a) for a in moving], dtype=np.int64)
-        stride = np.array([self._stride[a] for a in moving], dtype=np.int64)
+        sizes = np.array([s.size for s in moving], dtype=np.int64)
+        stride = np.array([s.stride for s in moving], dtype=np.int64)
         coords = (ends[:, None] // stride) % sizes  # endpoint x axis
         shifts = np.array(list(product(*(range(n) for n in sizes)))[1:], dtype=np.int64)
         # moved[s, e]: endpoint e of the copy ``shifts[s]`` away (coordinates wrap per axis)

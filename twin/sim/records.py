@@ -8,9 +8,9 @@ from typing import NamedTuple
 
 import simpy
 
+from twin.schedule.builder import Shift, symmetric_shifts
 from twin.sim.topology import Resource
 from twin.spec import ConfigError, Job
-from twin.spec.experts import has_expert_groups
 
 RendezvousKey = tuple[tuple[int, ...], str]
 """A collective's rendezvous: (its group's ranks, the op's name)."""
@@ -43,52 +43,70 @@ FOLD_AXES = {"none": (), "dp": ("dp",), "tp": ("tp",), "all": ("dp", "tp")}
 """Each fold and the grid axes whose ranks it simulates once."""
 
 
-def _offsets(grid, dims) -> list[int]:
-    """Rank offsets of every combination of coordinates along ``dims``, ascending."""
+def _offsets(parts) -> list[int]:
+    """Rank offsets of every combination of positions along ``parts`` ((stride, size)
+    pairs), ascending."""
     out = [0]
-    for d in dims:
-        if grid.size(d) > 1:
-            stride = grid.rank(**{d: 1})
-            out = [o + i * stride for o in out for i in range(grid.size(d))]
+    for stride, size in parts:
+        if size > 1:
+            out = [o + i * stride for o in out for i in range(size)]
     return sorted(out)
 
 
-def folded_axes(job: Job, fold: str) -> tuple[str, ...]:
-    """The axes ``fold`` folds (ConfigError for legacy DP, whose device 0 differs); auto:
-    those ``exact_axes`` allows (what-ifs aside: ``twin.sim.run.resolve_options``)."""
+def folded_shifts(job: Job, fold: str) -> tuple[Shift, ...]:
+    """The shifts ``fold`` simulates once: each of its axes's symmetric shifts (the whole axis
+    for a dense plan; under expert parallelism the moves that keep expert groups and token
+    counts, twin.schedule.builder.symmetric_shifts). ConfigError for legacy DP (device 0
+    differs) and for an expert-parallel axis no shift keeps; auto: those ``exact_axes`` allows
+    (what-ifs aside: ``twin.sim.run.resolve_options``)."""
     if fold == "auto":
         fold = auto_fold(job)
     if fold not in FOLD_AXES:
         raise ConfigError(f"fold={fold!r} is not one of {'|'.join([*FOLD_AXES, 'auto'])}")
     dims = FOLD_AXES[fold]
-    if dims and has_expert_groups(job.model, job.parallel):
-        raise ConfigError(f"fold={fold} cannot fold a plan with expert parallelism (ep="
-                          f"{job.parallel.ep}, etp={job.parallel.expert_tp}): its ranks send "
-                          "and compute different token counts; use fold=none or auto")
     if job.parallel.legacy_dp and "dp" in dims:
         raise ConfigError(f"fold={fold} cannot fold legacy DP: device 0 differs from the "
                           "others; use fold=none (or fold=tp)")
-    return dims
+    shifts = symmetric_shifts(job)
+    stuck = [d for d in dims if job.grid.size(d) > 1 and d not in shifts]
+    if stuck:
+        raise ConfigError(f"fold={fold} cannot fold a plan with expert parallelism along "
+                          f"{' and '.join(stuck)} (ep={job.parallel.ep}, etp="
+                          f"{job.parallel.expert_tp}): {_why_not(job)}; use fold=none or auto")
+    return tuple(s for d in dims if d in shifts for s in shifts[d])
 
 
-def exact_axes(job: Job, algorithm: str = "auto") -> tuple[str, ...]:
-    """The folded axes (dp, tp) whose copies are exact: some relabelling of the axis's
-    coordinates maps the machine onto itself (each node's ranks to one node's, each NIC's to
+def folded_axes(job: Job, fold: str) -> tuple[str, ...]:
+    """The axes ``fold`` folds (in part under expert parallelism: ``folded_shifts``)."""
+    return tuple(dict.fromkeys(s.axis for s in folded_shifts(job, fold)))
+
+
+def _why_not(job: Job) -> str:
+    """Why no shift along an axis keeps an expert-parallel plan's programs."""
+    if job.model.moe is not None and job.model.moe.routing != "uniform":
+        return ("moving a rank along it changes its expert groups or its EP rank, and under "
+                f"{job.model.moe.routing} routing each EP rank receives and computes its own "
+                "token counts")
+    return "moving a rank along it changes its expert groups or the token counts it routes"
+
+
+def exact_shifts(job: Job, algorithm: str = "auto") -> tuple[Shift, ...]:
+    """The symmetric shifts (dp, tp) whose copies are exact: some relabelling of the
+    positions maps the machine onto itself (each node's ranks to one node's, each NIC's to
     one NIC's) and every group onto a group, so every copy meets what its representative
-    meets. Moving along an axis of stride s and size n on nodes of g GPUs does so when
+    meets. Moving along a shift of stride s and size n on nodes of g GPUs does so when
 
     - s is a multiple of g: whole nodes move;
-    - the axis stays inside a node in blocks that tile it (s n divides g);
+    - the shift stays inside a node in blocks that tile it (s n divides g);
     - or it spans whole nodes with g / s of its ranks on each (s divides g, g divides s n),
       relabelled as a move of whole nodes and a rotation inside each node; its groups' rings
       are then only preserved by the hierarchical algorithm (``algorithm`` auto), whose
       rings run inside each node and across nodes by position;
 
     and, inside a node, a step moves whole NIC blocks (or stays inside one). Legacy DP's
-    device 0 differs from the other replicas: never folded."""
-    grid, c = job.grid, job.cluster
-    if has_expert_groups(job.model, job.parallel):
-        return ()  # expert groups borrow ranks across axes: a copy meets other traffic
+    device 0 differs from the other replicas: never folded. Under expert parallelism an axis
+    may have a shift per expert digit it holds (symmetric_shifts): it is exact when each is."""
+    c = job.cluster
     gpn = c.gpus_per_node
     per_nic = max(1, gpn // max(1, c.inter.nics_per_node))
 
@@ -96,17 +114,18 @@ def exact_axes(job: Job, algorithm: str = "auto") -> tuple[str, ...]:
         return gpn % block == 0 and gpn % per_nic == 0 and (
             step % per_nic == 0 or (block <= per_nic and per_nic % block == 0))
 
-    out = []
-    for axis in ("dp", "tp"):
-        n = grid.size(axis)
-        if n == 1 or (axis == "dp" and job.parallel.legacy_dp):
-            continue
-        s = grid.rank(**{axis: 1})
-        if s % gpn == 0 or (s * n <= gpn and inside(s, s * n)) or (
-                algorithm in ("auto", "hierarchical") and gpn % s == 0 and (s * n) % gpn == 0
-                and inside(s, gpn)):
-            out.append(axis)
-    return tuple(out)
+    def exact(s: int, n: int) -> bool:
+        return s % gpn == 0 or (s * n <= gpn and inside(s, s * n)) or (
+            algorithm in ("auto", "hierarchical") and gpn % s == 0 and (s * n) % gpn == 0
+            and inside(s, gpn))
+
+    return tuple(s for shifts in symmetric_shifts(job).values()
+                 if all(exact(s.stride, s.size) for s in shifts) for s in shifts)
+
+
+def exact_axes(job: Job, algorithm: str = "auto") -> tuple[str, ...]:
+    """The axes of ``exact_shifts``."""
+    return tuple(s.axis for s in exact_shifts(job, algorithm))
 
 
 def auto_fold(job: Job, algorithm: str = "auto") -> str:
@@ -117,22 +136,48 @@ def auto_fold(job: Job, algorithm: str = "auto") -> str:
     return "all" if set(axes) == {a for a in ("dp", "tp") if job.grid.size(a) > 1} else axes[0]
 
 
+def unfolded_note(job: Job, algorithm: str = "auto") -> str | None:
+    """What fold=auto leaves unfolded and why (None: every dp and tp copy is folded)."""
+    exact = exact_axes(job, algorithm)
+    left = [a for a in ("dp", "tp") if job.grid.size(a) > 1 and a not in exact
+            and not (a == "dp" and job.parallel.legacy_dp)]
+    if not left:
+        return None
+    shifts = symmetric_shifts(job)
+    stuck = [a for a in left if a not in shifts]
+    linked = [a for a in left if a in shifts]
+    links = (f"moving a rank along {'them' if len(linked) > 1 else 'it'} changes the links "
+             f"it meets ({job.cluster.gpus_per_node} GPUs and "
+             f"{job.cluster.inter.nics_per_node} NICs per node)")
+    if not stuck:
+        return f"fold=auto leaves {' and '.join(left)} unfolded: {links}"
+    head = "simulates every rank" if not exact else f"leaves {' and '.join(left)} unfolded"
+    out = (f"fold=auto {head}: along {' and '.join(stuck)}, under expert parallelism (ep="
+           f"{job.parallel.ep}, etp={job.parallel.expert_tp}), {_why_not(job)}")
+    return out + (f"; along {' and '.join(linked)}, {links}" if linked else "")
+
+
 def fold_rep(job: Job, fold: str, rank: int) -> int:
     """The rank simulated for ``rank`` under ``fold`` (its class's representative)."""
-    grid = job.grid
-    return rank - sum(grid.coord(rank, d) * grid.rank(**{d: 1})
-                      for d in folded_axes(job, fold) if grid.size(d) > 1)
+    return rank - sum(s.value(rank) * s.stride for s in folded_shifts(job, fold))
 
 
 def fold_classes(job: Job, fold: str, progress=None) -> dict[int, list[int]]:
     """Representative rank -> the ranks it stands for (itself first), representatives in
     ascending order. Built from the grid's strides, not rank by rank: representatives are
-    the ranks at coordinate 0 of every folded axis, a class is its representative plus
-    every offset along the folded axes. ``progress(done, total, what)`` as in simulate."""
+    the ranks at position 0 of every folded shift, a class is its representative plus
+    every offset along the folded shifts. ``progress(done, total, what)`` as in simulate."""
     grid = job.grid
-    dims = folded_axes(job, fold)
-    copies = _offsets(grid, dims)
-    reps = _offsets(grid, [d for d in grid.order if d not in dims])
+    shifts = folded_shifts(job, fold)
+    copies = _offsets((s.stride, s.size) for s in shifts)
+    rest = []  # the digits of every axis that no folded shift moves
+    for d in grid.order:
+        stride, done = grid.rank(**{d: 1}) if grid.size(d) > 1 else 0, 1
+        for s in sorted((s for s in shifts if s.axis == d), key=lambda s: s.step):
+            rest.append((stride * done, s.step // done))
+            done = s.step * s.size
+        rest.append((stride * done, grid.size(d) // done))
+    reps = _offsets(rest)
     out: dict[int, list[int]] = {}
     for k, rep in enumerate(reps):
         out[rep] = [rep + o for o in copies]

@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from twin.cost import CostModel, default_cost_model
 from twin.metrics import summary_of
 from twin.sim.engine import SimOptions, fold_classes
-from twin.sim.records import auto_fold, exact_axes, folded_axes
+from twin.sim.records import auto_fold, folded_shifts, unfolded_note
 from twin.sim.spans import TRACE_LEVELS, rank_spans, recorded_ranks
 from twin.sim.stats import step_figures
 from twin.sim.stepsim import Stepper, StepRun
 from twin.sim.whatif import check_options, warn_idle_links
 from twin.spec import ConfigError, Job
-from twin.spec.experts import has_expert_groups
 from twin.spec.io import job_to_dict
 from twin.summary import Summary
 from twin.trace import Span, Trace
@@ -76,8 +75,9 @@ class WorkEstimate:
 def estimate_work(job: Job, fold: str = "none", steps: int = 1) -> WorkEstimate:
     """Ranks, ops and collective members of simulating ``job``, in O(pipeline stages)."""
     p, grid = job.parallel, job.grid
-    axes = folded_axes(job, fold)
-    fold_of = {d: (grid.size(d) if d in axes else 1) for d in ("dp", "tp")}
+    fold_of = {"dp": 1, "tp": 1}
+    for shift in folded_shifts(job, fold):  # the whole axis, or digits of it (MoE)
+        fold_of[shift.axis] *= shift.size
     simulated = grid.world_size // (fold_of["dp"] * fold_of["tp"])
     m = p.num_microbatches
     layers = max(len(job.layers_on_stage(s)) for s in range(p.pp))
@@ -99,8 +99,11 @@ def check_budget(job: Job, fold: str = "none", steps: int = 1,
         return w
     p, c = job.parallel, job.cluster
     fixes = []
-    if fold != "all" and not p.legacy_dp and w.world <= MAX_RANKS \
-            and estimate_work(job, "all", steps).units <= max_work:
+    try:  # legacy DP, or an expert-parallel axis that no shift keeps, cannot fold=all
+        folded = estimate_work(job, "all", steps).units
+    except ConfigError:
+        folded = None
+    if fold != "all" and folded is not None and w.world <= MAX_RANKS and folded <= max_work:
         fixes.append("fold=all (simulates each copy once)")
     if c.num_nodes > 1:
         fixes.append(f"fewer nodes (cluster.num_nodes={c.num_nodes:,})")
@@ -159,18 +162,9 @@ def resolve_options(job: Job, options: SimOptions, steps: int = 1) \
                 notes.append(f"fold=auto folds along {fold} despite {' and '.join(perturbed)}: "
                              "every rank is past the work budget; the folded copies share "
                              "their representative's noise and what-ifs")
-        exact = exact_axes(job, options.algorithm)
-        left = [a for a in ("dp", "tp") if job.grid.size(a) > 1 and a not in exact
-                and not (a == "dp" and job.parallel.legacy_dp)]
-        if left and has_expert_groups(job.model, job.parallel):
-            notes.append(f"fold=auto simulates every rank: expert parallelism (ep="
-                         f"{job.parallel.ep}, etp={job.parallel.expert_tp}) gives ranks groups "
-                         "of their own and their own token counts")
-        elif left and not (perturbed and fold == "none"):
-            notes.append(f"fold=auto leaves {' and '.join(left)} unfolded: moving a rank along "
-                         f"{'them' if len(left) > 1 else 'it'} changes the links it meets "
-                         f"({job.cluster.gpus_per_node} GPUs and "
-                         f"{job.cluster.inter.nics_per_node} NICs per node)")
+        note = unfolded_note(job, options.algorithm)  # what stays unfolded, and why
+        if note and not (perturbed and fold == "none"):
+            notes.append(note)
     fast = options.fast_forward
     if fast and perturbed:
         fast = False

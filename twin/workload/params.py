@@ -11,6 +11,7 @@ and every KV head is replicated on t/kv ranks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple
 
 from twin.spec import Job, ModelSpec, ParallelPlan
@@ -143,8 +144,16 @@ class LayerParams:
 def layer_params(model: ModelSpec, tp: int = 1, layer: int | None = None) -> LayerParams:
     """One layer's parameters on one TP rank, by block (sums of ``layer_tensors``; a MoE
     layer's routed experts are not in it: ``expert_params``)."""
+    moe_layer = model.moe is not None and layer is not None and model.moe.is_moe_layer(layer)
+    return _layer_params(model, tp, moe_layer)
+
+
+@lru_cache(maxsize=4096)
+def _layer_params(model: ModelSpec, tp: int, moe_layer: bool) -> LayerParams:
+    """``layer_params`` of a dense (or MoE) layer, summed once (searches ask often)."""
     by = {"attention": 0, "mlp": 0, "norms": 0}
-    for t in layer_tensors(model, tp, layer):
+    for t in layer_tensors(model, tp, model.moe.moe_layers(model.num_layers)[0]
+                           if moe_layer else None):
         by[t.block] += t.numel
     return LayerParams(**by)
 
