@@ -1,5 +1,6 @@
 """Context parallelism from the command line: `paratwin simulate parallel.cp=2` runs, the CP
-groups show in the summary, and a CP plan that cannot work is one line with exit code 2."""
+groups show in the summary, a CP plan that cannot work is one line with exit code 2, and
+`paratwin search` ranks CP plans."""
 
 from __future__ import annotations
 
@@ -41,8 +42,18 @@ def test_a_cp_that_does_not_divide_the_sequence_is_one_line(tmp_path):
     assert "2 * cp = 6 does not divide model.seq_len=64" in lines[0]
 
 
-def test_search_refuses_cp_in_one_line(tmp_path):
-    out = paratwin("search", *T, "parallel.cp=2", f"out_dir={tmp_path / 'run'}", cwd=ROOT)
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip() and "warning" not in ln]
-    assert out.returncode == 2 and len(lines) == 1, out.stderr
-    assert "search does not enumerate or estimate context parallelism yet" in lines[0]
+def test_search_enumerates_and_ranks_cp_plans(tmp_path):
+    """search lists CP plans (space.cp) with the base plan's cp_method; parallel.cp is
+    searched, not fixed: a warning names space.cp."""
+    out = paratwin("search", *T, "global_batch_size=8", "space.cp=[2]", "top=1", "pareto=0",
+                   "workers=1", "report=false", "parallel.cp_method=allgather", "format=json",
+                   f"out_dir={tmp_path / 'run'}", cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["simulated"] == 1 and result["estimated"]
+    assert all(p["parallel"]["cp"] == 2 and p["parallel"]["cp_method"] == "allgather"
+               for p in result["estimated"])
+    warned = paratwin("search", *T, "global_batch_size=8", "parallel.cp=2", "top=0",
+                      "workers=1", "report=false", f"out_dir={tmp_path / 'run2'}", cwd=ROOT)
+    assert warned.returncode == 0, warned.stderr
+    assert "space.cp=[2]" in warned.stderr

@@ -364,7 +364,10 @@ def estimate(job: Job, est: Estimator) -> Estimate:
     # a stage exchanges twice per micro-batch and chunk (its input's recv beside the last
     # output's send, both ways); without interleaving the end stages once (they have no
     # input to receive, or no output to send, in one direction)
-    hops = [2 * v - (1 if v == 1 and s in (0, p - 1) else 0) for s in range(p)]
+    # (in a V the end stages too: stage 0's first chunk has no input, its last no output;
+    # stage p - 1 turns the V on itself)
+    vee = par.pp_schedule in V_SCHEDULES
+    hops = [2 * v - (1 if (v == 1 or vee) and s in (0, p - 1) else 0) for s in range(p)]
     w = [f + b + k * c for f, b, k in zip(fs, bs, hops)] if p > 1 else [fs[0] + bs[0]]
     worst = max(range(len(w)), key=w.__getitem__)
     half = hops[worst] * c / 2
