@@ -15,8 +15,9 @@ the rows measure how far the twin's mechanisms carry, not a fit. Sections:
 - tp70b:  Llama 3.1 70B on 256 GPUs, FSDP 32 x TP 8, compile + FP8, async TP off / on (Table 4);
 - pp405b: Llama 3.1 405B on 512 GPUs, FSDP 8 x TP 8 x PP 8, 1F1B / interleaved (Table 5);
 - cp405b: Llama 3.1 405B on 512 GPUs, TP 8 x PP 8, FSDP x CP = 8 at 32K-262K (Table 6);
-- sched70b: Llama 3 70B on 64 and 256 GPUs (TP 8 x PP 4 or 8), 1F1B / interleaved / ZB-V /
-  DualPipeV with async TP off and on (no published figures: the twin's what-if).
+- sched70b: Llama 3 70B on 64 and 128 GPUs (TP 8 x PP 4 or 8, 16 or 32 micro-batches),
+  1F1B / interleaved / ZB-V / DualPipeV with async TP off and on (no published figures: the
+  twin's what-if).
 
 Prints figures, asserts nothing. Takes minutes on 2 cores.
 """
@@ -36,7 +37,10 @@ B8 = ("model=llama3_8b", "cluster=dgx_h100", "cluster.num_nodes=1", "parallel=fs
 B70 = ("model=llama3_70b", "cluster=dgx_h100", "parallel.tp=8", "parallel.sp=true")
 B405 = ("model=llama3_405b", "cluster=dgx_h100", "cluster.num_nodes=64", "parallel.tp=8",
         "parallel.sp=true", "parallel.pp=8", "parallel.zero_stage=3", "parallel.recompute=full",
-        *FAST, "parallel.async_tp=true")
+        *FAST, "parallel.async_tp=true",
+        # torchtitan under PP: FSDP keeps parameters gathered after forward and reduces the
+        # gradients on the last micro-batch only (pipelining's backward_maybe_with_nosync)
+        "parallel.fsdp_reshard_after_forward=false", "parallel.grad_sync=last")
 SPLIT8 = "parallel.pp_stage_layers=[15,16,16,16,16,16,16,15]"
 SPLIT16 = "parallel.pp_stage_layers=[7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7]"
 
@@ -78,11 +82,11 @@ ROWS = {  # section: [(label, published TPS/GPU, published GiB, overrides)]
                                          (4, 131072, 31, 77.1), (8, 262144, 16, 84.9))],
     "sched70b": [(f"{gpus} GPUs PP {pp} {sched}{' + async TP' if atp else ''}", None, None,
                   (*B70, f"cluster.num_nodes={gpus // 8}", f"parallel.pp={pp}", "parallel.zero_stage=1",
-                   "parallel.recompute=full", "parallel.global_batch_size=256", *FAST,
+                   "parallel.recompute=full", f"parallel.global_batch_size={gpus // 2}", *FAST,
                    f"parallel.pp_schedule={sched}",
                    f"parallel.pp_virtual_stages={1 if sched in ('1f1b', 'zb_h1') else 2}",
                    f"parallel.async_tp={'true' if atp else 'false'}"))
-                 for gpus, pp in ((64, 4), (256, 8))
+                 for gpus, pp in ((64, 4), (128, 8))
                  for sched in ("1f1b", "interleaved", "zb_v", "dualpipev") for atp in (False, True)],
 }
 

@@ -73,8 +73,8 @@ def test_memory_pool_counts_live_and_peak_and_rejects_mismatches():
 
 def test_dtype_names():
     assert torch_dtype("bf16") is torch.bfloat16 and torch_dtype("") is torch.float32
-    with pytest.raises(ValueError, match="fp8"):
-        torch_dtype("fp8")
+    with pytest.raises(ValueError, match="fp4"):
+        torch_dtype("fp4")
 
 
 def test_a_foreach_optimizer_op_runs_pytorchs_foreach_adam():
