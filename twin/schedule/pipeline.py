@@ -178,11 +178,7 @@ def run_tables(orders: list[list[Action]], v: int, t_f: float = 1.0, t_b: float 
     pos, clock, busy = [0] * p, [0.0] * p, [0.0] * p
 
     def needs(a: Action) -> list[tuple[str, int, int]]:
-        if a.phase == "F":
-            return [("F", a.mb, a.chunk - 1)] if a.chunk > 0 else []
-        if a.phase == "W":
-            return [("G", a.mb, a.chunk)]
-        return [("F", a.mb, a.chunk)] + ([("G", a.mb, a.chunk + 1)] if a.chunk < last else [])
+        return action_needs(a, last)
 
     progressed = True
     while progressed:
@@ -211,6 +207,17 @@ def run_tables(orders: list[list[Action]], v: int, t_f: float = 1.0, t_b: float 
     if stuck:
         raise TableDeadlock(stuck)
     return TableRun(max(clock, default=0.0), busy, end)
+
+
+def action_needs(a: Action, last: int) -> list[tuple[str, int, int]]:
+    """What an action waits for (``last``: the last chunk): F the previous chunk's F of its
+    micro-batch; a backward (B or I) its own F and the next chunk's input gradient ("G");
+    W its own input gradient."""
+    if a.phase == "F":
+        return [("F", a.mb, a.chunk - 1)] if a.chunk > 0 else []
+    if a.phase == "W":
+        return [("G", a.mb, a.chunk)]
+    return [("F", a.mb, a.chunk)] + ([("G", a.mb, a.chunk + 1)] if a.chunk < last else [])
 
 
 def ideal_makespan(orders: list[list[Action]], p: int, v: int, t_f: float = 1.0,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from twin.schedule.pipeline import SPLIT_SCHEDULES, V_SCHEDULES
+from twin.schedule.pipeline import SPLIT_SCHEDULES, V_SCHEDULES, action_needs
 from twin.schedule.tables import stage_table
 
 Program = tuple[tuple[int, tuple[int, int, int, int], tuple[int, ...]], ...]
@@ -43,11 +43,7 @@ def _program(schedule: str, p: int, m: int) -> Program:
     pos, out = [0] * p, []
 
     def needs(a) -> list[tuple[str, int, int]]:
-        if a.phase == "F":
-            return [("F", a.mb, a.chunk - 1)] if a.chunk > 0 else []
-        if a.phase == "W":
-            return [("G", a.mb, a.chunk)]
-        return [("F", a.mb, a.chunk)] + ([("G", a.mb, a.chunk + 1)] if a.chunk < last else [])
+        return action_needs(a, last)
 
     progressed = True
     while progressed:
