@@ -158,6 +158,39 @@ class TableRun(NamedTuple):
         return self.makespan - self.busy[stage]
 
 
+def table_order(orders: list[list[Action]]) -> list[tuple[int, list[Action], list]]:
+    """The order the stages' tables run in, each action (or DualPipe's overlapped pair) as
+    soon as its inputs exist (``action_needs``), sweeping the stages in turn: (stage, the
+    actions, what they wait for) per step. It does not depend on the actions' times, so
+    ``run_tables`` times it and the search's bubble walk compiles it once per shape.
+    Raises TableDeadlock naming the first blocked action of each stuck stage."""
+    p = len(orders)
+    last = max((a.chunk for o in orders for a in o), default=0)
+    made: set[tuple[str, int, int]] = set()
+    pos, out = [0] * p, []
+    progressed = True
+    while progressed:
+        progressed = False
+        for s in range(p):
+            order = orders[s]
+            while pos[s] < len(order):
+                group = order[pos[s]:pos[s] + 2] if order[pos[s]].overlap else order[pos[s]:pos[s] + 1]
+                deps = [n for a in group for n in action_needs(a, last)]
+                if any(n not in made for n in deps):
+                    break
+                out.append((s, group, deps))
+                for a in group:
+                    made.add((a.phase, a.mb, a.chunk))
+                    if a.phase in ("B", "I"):
+                        made.add(("G", a.mb, a.chunk))
+                pos[s] += len(group)
+                progressed = True
+    stuck = [(s, pos[s], orders[s][pos[s]]) for s in range(p) if pos[s] < len(orders[s])]
+    if stuck:
+        raise TableDeadlock(stuck)
+    return out
+
+
 def run_tables(orders: list[list[Action]], v: int, t_f: float = 1.0, t_b: float = 2.0,
                t_w: float | None = None, t_fb: float | None = None) -> TableRun:
     """Run every stage's table in order, each action as soon as its inputs exist.
@@ -172,40 +205,21 @@ def run_tables(orders: list[list[Action]], v: int, t_f: float = 1.0, t_b: float 
     t_w = t_b / 2 if t_w is None else t_w
     cost = {"F": t_f / v, "B": t_b / v, "I": (t_b - t_w) / v, "W": t_w / v}
     p = len(orders)
-    last = max((a.chunk for o in orders for a in o), default=0)
     done: dict[tuple[str, int, int], float] = {}
     end: dict[tuple[str, int, int], float] = {}
-    pos, clock, busy = [0] * p, [0.0] * p, [0.0] * p
-
-    def needs(a: Action) -> list[tuple[str, int, int]]:
-        return action_needs(a, last)
-
-    progressed = True
-    while progressed:
-        progressed = False
-        for s in range(p):
-            order = orders[s]
-            while pos[s] < len(order):
-                group = order[pos[s]:pos[s] + 2] if order[pos[s]].overlap else order[pos[s]:pos[s] + 1]
-                deps = [n for a in group for n in needs(a)]
-                if any(n not in done for n in deps):
-                    break
-                t = sum(cost[a.phase] for a in group)
-                if len(group) == 2 and t_fb is not None:
-                    t = t_fb / v
-                start = max([clock[s]] + [done[n] for n in deps])
-                clock[s] = start + t
-                busy[s] += t
-                for a in group:
-                    end[(a.phase, a.mb, a.chunk)] = clock[s]
-                    done[(a.phase, a.mb, a.chunk)] = clock[s]
-                    if a.phase in ("B", "I"):
-                        done[("G", a.mb, a.chunk)] = clock[s]
-                pos[s] += len(group)
-                progressed = True
-    stuck = [(s, pos[s], orders[s][pos[s]]) for s in range(p) if pos[s] < len(orders[s])]
-    if stuck:
-        raise TableDeadlock(stuck)
+    clock, busy = [0.0] * p, [0.0] * p
+    for s, group, deps in table_order(orders):
+        t = sum(cost[a.phase] for a in group)
+        if len(group) == 2 and t_fb is not None:
+            t = t_fb / v
+        start = max([clock[s]] + [done[n] for n in deps])
+        clock[s] = start + t
+        busy[s] += t
+        for a in group:
+            end[(a.phase, a.mb, a.chunk)] = clock[s]
+            done[(a.phase, a.mb, a.chunk)] = clock[s]
+            if a.phase in ("B", "I"):
+                done[("G", a.mb, a.chunk)] = clock[s]
     return TableRun(max(clock, default=0.0), busy, end)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from twin.schedule.pipeline import SPLIT_SCHEDULES, V_SCHEDULES, action_needs
+from twin.schedule.pipeline import SPLIT_SCHEDULES, V_SCHEDULES, TableDeadlock, table_order
 from twin.schedule.tables import stage_table
 
 Program = tuple[tuple[int, tuple[int, int, int, int], tuple[int, ...]], ...]
@@ -38,33 +38,19 @@ def _program(schedule: str, p: int, m: int) -> Program:
     it is found once and each walk is one pass over it."""
     v = 2 if schedule in V_SCHEDULES else 1
     orders = [stage_table(schedule, p, m, s, v) for s in range(p)]
-    last = max((a.chunk for o in orders for a in o), default=0)
+    try:
+        steps = table_order(orders)
+    except TableDeadlock:
+        raise ValueError(f"{schedule} tables of p={p}, m={m} deadlock") from None
     made: dict[tuple[str, int, int], int] = {}  # the step that made an output
-    pos, out = [0] * p, []
-
-    def needs(a) -> list[tuple[str, int, int]]:
-        return action_needs(a, last)
-
-    progressed = True
-    while progressed:
-        progressed = False
-        for s in range(p):
-            order = orders[s]
-            while pos[s] < len(order):
-                group = order[pos[s]:pos[s] + 2] if order[pos[s]].overlap else order[pos[s]:pos[s] + 1]
-                deps = [n for a in group for n in needs(a)]
-                if any(n not in made for n in deps):
-                    break
-                counts = tuple(sum(a.phase == ph for a in group) for ph in "FBIW")
-                out.append((s, counts, tuple(sorted({made[n] for n in deps}))))
-                for a in group:
-                    made[(a.phase, a.mb, a.chunk)] = len(out) - 1
-                    if a.phase in ("B", "I"):
-                        made[("G", a.mb, a.chunk)] = len(out) - 1
-                pos[s] += len(group)
-                progressed = True
-    if any(pos[s] < len(orders[s]) for s in range(p)):
-        raise ValueError(f"{schedule} tables of p={p}, m={m} deadlock")
+    out = []
+    for s, group, deps in steps:
+        counts = tuple(sum(a.phase == ph for a in group) for ph in "FBIW")
+        out.append((s, counts, tuple(sorted({made[n] for n in deps}))))
+        for a in group:
+            made[(a.phase, a.mb, a.chunk)] = len(out) - 1
+            if a.phase in ("B", "I"):
+                made[("G", a.mb, a.chunk)] = len(out) - 1
     return tuple(out)
 
 
