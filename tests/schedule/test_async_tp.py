@@ -66,7 +66,9 @@ def test_async_tp_is_deadlock_free_and_overlaps():
     for plan in (dict(), dict(tp=2, pp=2, global_batch_size=8), dict(zero_stage=3, tp=2, dp=4)):
         assert check_schedule(build_schedule(_job(**plan)).programs())["ops"] > 0
     a, s = simulate(_job(), trace=None).summary, simulate(_job(async_tp=False), trace=None).summary
-    assert a["step_time_s"] > 0 and s["step_time_s"] > 0
+    # the partial GEMMs hide the copies: less TP communication left exposed than plain SP's
+    # (the step itself may be slower on so small a model: more ops, more host time)
+    assert a["exposed_comm_s"]["tp"] < 0.5 * s["exposed_comm_s"]["tp"]
 
 
 @pytest.mark.parametrize("plan, words", [
