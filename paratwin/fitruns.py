@@ -115,13 +115,15 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
     start = fit_start(base, cluster.gpu.sm_count, None if sync is None else bool(sync),
                       shared_cpu=cluster.intra.kind == "shared_cpu")
     workers = int(cfg.get("workers") or 2)
+    shapes = cfg.get("shapes")
 
     def say(message: str) -> None:
         print(f"paratwin calibrate: {message}", file=sys.stderr, flush=True)
 
     def fit(subset: list[RunJob]):
         return fit_steps([r.job for r in subset], [r.run.step_time_s for r in subset], start,
-                         workers=workers, log=lambda m: say("  " + m))
+                         workers=workers, log=lambda m: say("  " + m),
+                         shapes=None if shapes is None else bool(shapes))
 
     preds: dict[int, tuple[float, str]] = {}
     splits: list[tuple[list[int], list[int], str]] = []

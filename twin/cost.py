@@ -103,6 +103,11 @@ class CostModel:
     """How many times the twin's fused bytes eager PyTorch moves for an elementwise op (its
     extra kernels), as folded into ``elementwise.mem_efficiency`` and ``host_us`` here (1:
     nothing folded, e.g. profiles fitted on fused kernels). ``compiled`` takes it back out."""
+    shape_factors: dict = field(default_factory=dict)
+    """``shape_key(op)`` -> measured over modelled time of that kernel shape (GEMM and
+    attention): cuBLAS picks a kernel per shape, and its tiles, waves and split-K make time a
+    jagged function of (m, n, k) that no smooth curve follows. Filled from a kernel sweep or
+    fitted from step times (``twin.calibrate.stepfit``); a shape not listed uses the model."""
     compute_cv: float = 0.0
     """Run-to-run spread of compute ops (coefficient of variation) for jitter."""
     comm_cv: float = 0.0
@@ -161,6 +166,8 @@ class CostModel:
             t = flops / (gpu.peak_flops(op.dtype or "bf16") * eff)
         if op.bytes:
             t = max(t, op.bytes / (gpu.hbm_bw_GBps * 1e9 * k.mem_efficiency))
+        if self.shape_factors and op.kind in SHAPED_KINDS:
+            t *= self.shape_factors.get(shape_key(op), 1.0)
         return t + k.launch_us * 1e-6
 
     def host_time(self, op: Op) -> float:
@@ -247,6 +254,19 @@ class CostModel:
                 f"job runs on {cluster.name}: its efficiencies and collective fits describe the "
                 f"other hardware; calibrate this one (`paratwin calibrate cluster={cluster.name}`)"
                 " or leave calibration unset for the published defaults")
+
+
+SHAPE_RANGE = (0.25, 4.0)
+"""Bounds of a fitted kernel shape's factor (measured over modelled time)."""
+SHAPED_KINDS = ("gemm", "attention")
+"""Compute kinds whose time ``CostModel.shape_factors`` can set per shape."""
+
+
+def shape_key(op: Op) -> str:
+    """The key of a kernel shape in ``CostModel.shape_factors``: kind, dtype and shape, e.g.
+    ``gemm:fp16:2048x1536x1024`` (gemm m x n x k; attention batch x heads x kv_heads x seq x
+    head_dim x flash)."""
+    return f"{op.kind}:{op.dtype or 'bf16'}:{'x'.join(str(int(d)) for d in op.shape)}"
 
 
 def timed_flops(op: Op) -> float:

@@ -108,6 +108,8 @@ def profile_problems(data: dict, fields: list[str]) -> list[str]:
                          COMPUTE_KINDS)
         elif key == "collective_fits":
             _fits(problems, value)
+        elif key == "shape_factors":
+            _shapes(problems, value)
     if "provenance" in data and not isinstance(data["provenance"], dict):
         problems.append(f"provenance={data['provenance']!r} must be a mapping")
     return problems
@@ -128,3 +130,19 @@ def _fits(problems: list[str], fits: object) -> None:
         _section(problems, f"collective_fits.{key}", fit, FIT_RANGES, FIT_EXTRA)
         if isinstance(fit, dict) and not set(FIT_RANGES) <= set(fit):
             problems.append(f"collective_fits.{key} needs latency_us and bw_GBps")
+
+
+def _shapes(problems: list[str], shapes: object) -> None:
+    if not isinstance(shapes, dict):
+        problems.append(f"shape_factors={shapes!r} must map 'kind:dtype:AxBxC' -> factor")
+        return
+    for key, factor in shapes.items():
+        kind, _, rest = str(key).partition(":")
+        dtype, _, dims = rest.partition(":")
+        if kind not in ("gemm", "attention") or not dtype \
+                or not all(d.isdigit() for d in dims.split("x")):
+            problems.append(f"shape_factors.{key} must be named kind:dtype:AxBxC with kind gemm "
+                            "or attention (e.g. gemm:fp16:2048x1536x1024)")
+            continue
+        _number(problems, f"shape_factors.{key}", factor,
+                (_POSITIVE, "measured over modelled time of that kernel shape"), False)

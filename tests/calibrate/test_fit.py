@@ -74,3 +74,31 @@ def test_profile_round_trips_and_foreign_files_are_refused(tmp_path):
     foreign.write_text("format: paratwin-profile\nversion: 1\nmystery: 3\n")
     with pytest.raises(ValueError, match="unknown profile fields"):
         CostModel.load(foreign)
+
+
+def test_a_swept_gemm_shape_is_timed_as_measured():
+    """sweep_shape_factors: measured over modelled time of each swept GEMM shape (launch
+    excluded, clamped to the fit's bounds), so compute_time reproduces the sweep there."""
+    from twin.calibrate.profile import sweep_shape_factors
+    from twin.schedule.ir import Op
+    from twin.spec import ClusterSpec, GPUSpec
+
+    cl = ClusterSpec(name="c", num_nodes=1, gpus_per_node=1,
+                     gpu=GPUSpec(name="g", peak_tflops={"bf16": 100.0}, hbm_GB=80, hbm_bw_GBps=2000))
+    cost = CostModel(gemm=KernelCost(efficiency=0.5, launch_us=10.0))
+    m, n, k = 4096, 1024, 2048
+    flops = 2.0 * m * n * k
+    model = flops / (100e12 * 0.5)
+    rows = [{"kind": "gemm", "dtype": "bf16", "shape": f"[{m}, {n}, {k}]", "flops": flops,
+             "bytes": 0.0, "time_s_median": 1.5 * model + 10e-6},
+            {"kind": "gemm", "dtype": "bf16", "shape": "[64, 64, 64]", "flops": 2.0 * 64 ** 3,
+             "bytes": 0.0, "time_s_median": 1.0},  # far off: clamped to the bound
+            {"kind": "gemm", "dtype": "fp8", "shape": "[64, 64, 64]", "flops": 1.0,
+             "bytes": 0.0, "time_s_median": 1.0},  # a dtype the GPU has no peak for
+            {"kind": "elementwise", "dtype": "bf16", "shape": "[4096]", "flops": 0.0,
+             "bytes": 1e6, "time_s_median": 1e-3}]
+    factors = sweep_shape_factors(rows, cl, cost)
+    assert factors == {"gemm:bf16:4096x1024x2048": pytest.approx(1.5), "gemm:bf16:64x64x64": 4.0}
+    shaped = CostModel(gemm=cost.gemm, shape_factors=factors)
+    op = Op(name="g", kind="gemm", stream="compute", shape=(m, n, k), dtype="bf16", flops=flops)
+    assert shaped.compute_time(op, cl.gpu) == pytest.approx(rows[0]["time_s_median"])

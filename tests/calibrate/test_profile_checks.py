@@ -208,3 +208,17 @@ def test_the_cli_says_one_line_for_a_name_with_folders(tmp_path):
         "digits, '.', '_', '-'; no folders or .yaml): calibrate writes conf/profiles/NAME.yaml; "
         "to write the profile elsewhere give out=PATH"]
     assert not (tmp_path.parent / "x.yaml").exists()
+
+
+def test_shape_factors_round_trip_and_bad_ones_are_named(tmp_path):
+    prof = CostModel(name="shaped", shape_factors={"gemm:fp16:2048x1536x1024": 1.25})
+    back = CostModel.load(prof.save(tmp_path / "p.yaml"))
+    assert back.shape_factors == {"gemm:fp16:2048x1536x1024": 1.25}
+    data = _data()
+    data["shape_factors"] = {"gemm:fp16:2048x1536x1024": -1, "conv:fp16:3x3": 1.0,
+                             "attention:bf16:1x16x16x1024x64x1": 0.9}
+    msg = _error(data)
+    assert "shape_factors.gemm:fp16:2048x1536x1024=-1 must be a finite number > 0" in msg
+    assert "shape_factors.conv:fp16:3x3 must be named kind:dtype:AxBxC with kind gemm or " \
+           "attention" in msg
+    assert "attention:bf16" not in msg

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import gpt
 from twin.calibrate.stepfit import FREE, fit_steps, predict, simulate_path, with_params
-from twin.cost import CostModel, KernelCost
+from twin.cost import CostModel, KernelCost, shape_key
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import critical_path
 from twin.sim.engine import SimOptions, Simulation, fold_classes
@@ -67,7 +67,7 @@ def test_the_fit_recovers_known_parameters_from_noisy_runs():
                                for v, (_, name, _, _) in zip(
                                    [getattr(TRUE if k is None else getattr(TRUE, k), n)
                                     for k, n, _, _ in FREE], FREE)])
-    fit = fit_steps(jobs, measured, start, workers=1)
+    fit = fit_steps(jobs, measured, start, workers=1, shapes=False)
     pred = np.array([p.step_s for p in predict(jobs, fit.cost, 1)])
     err = pred / np.array(measured) - 1
     assert np.median(np.abs(err)) < 0.03 and np.max(np.abs(err)) < 0.08
@@ -123,3 +123,31 @@ def test_a_shared_cpu_fit_moves_the_kernels_its_ops_are_timed_with():
     # from a quarter of the truth to near it (GEMM overhead and efficiency trade a little)
     assert 250.0 < fit.cost.kernel("gemm", "fp32").launch_us < 800.0
     assert fit.cost.kernel("gemm", "fp32") is not fit.cost.gemm
+
+
+def test_kernel_shape_factors_learn_what_the_smooth_model_cannot():
+    """Runs whose own GEMM shapes are 1.6x slower than the model (cuBLAS's jagged kernel
+    choice): without shape factors the fit leaves them 18-30% too fast, with them it learns
+    those shapes' factors, and the other shapes stay near 1."""
+    jobs = _jobs()
+    keys = [{shape_key(op) for op in p.compute if op.kind == "gemm"} for p in predict(jobs, TRUE, 1)]
+    cell = [i for i, j in enumerate(jobs) if j.model.hidden_size == 4096 and j.parallel.tp == 2]
+    own = set().union(*(keys[i] for i in cell)) - set().union(
+        *(k for i, k in enumerate(keys) if i not in cell))
+    truth = dataclasses.replace(TRUE, shape_factors={k: 1.6 for k in own})
+    rng = np.random.default_rng(7)
+    measured = np.array([p.step_s * float(np.exp(rng.normal(0, 0.01))) for p in predict(jobs, truth, 1)])
+
+    def cell_errors(fit):
+        pred = np.array([p.step_s for p in predict([jobs[i] for i in cell], fit.cost, 1)])
+        return np.abs(pred / measured[cell] - 1)
+
+    smooth = fit_steps(jobs, measured, TRUE, rounds=2, workers=1, shapes=False)
+    shaped = fit_steps(jobs, measured, TRUE, rounds=2, workers=1, shapes=True)
+    assert smooth.cost.shape_factors == {} and cell_errors(smooth).max() > 0.15
+    assert cell_errors(shaped).max() < 0.03
+    factors = shaped.cost.shape_factors
+    mean_log = lambda ks: np.mean([np.log(factors[k]) for k in ks])  # noqa: E731
+    assert mean_log(own & set(factors)) > np.log(1.08)
+    assert abs(mean_log(set(factors) - own)) < np.log(1.05)
+    assert shaped.rounds[-1]["shapes"] == len(factors)

@@ -1,5 +1,5 @@
 """The cost model's mechanisms of real steps, each against its closed form: the host that
-issues ops in program order, and GEMM tile and wave quantization."""
+issues ops in program order, GEMM tile and wave quantization, and per-shape kernel factors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from tests.conftest import gpt
-from twin.cost import CostModel, KernelCost, LinkCost, gemm_utilization
+from twin.cost import CostModel, KernelCost, LinkCost, gemm_utilization, shape_key
 from twin.schedule.ir import Op, Program
 from twin.sim.engine import SimOptions, Simulation
 from twin.spec import ClusterSpec, GPUSpec, ParallelPlan, build_job
@@ -131,3 +131,19 @@ def test_a_collectives_host_time_grows_with_its_group():
     send = Op(name="s", kind="send", stream="p2p", peer=1, tag="x", bytes=1.0)
     assert cost.host_time(ar) == pytest.approx((10.0 + 3.0 * 8) * 1e-6)
     assert cost.host_time(send) == pytest.approx(10.0e-6)
+
+
+def test_a_shape_factor_scales_that_shape_only_and_not_its_launch():
+    """t = factor * roofline + launch for the listed shape; other shapes and kinds unchanged."""
+    gpu = _job().cluster.gpu
+    base = dataclasses.replace(_cost(), gemm=KernelCost(efficiency=0.5, launch_us=7.0))
+    op = _gemm("g", 1e-3)
+    other = dataclasses.replace(op, shape=(4096, 4096, 2048))
+    assert shape_key(op) == "gemm:bf16:4096x4096x4096"
+    shaped = dataclasses.replace(base, shape_factors={shape_key(op): 1.3})
+    roof = base.compute_time(op, gpu) - 7e-6
+    assert roof == pytest.approx(2e-3)
+    assert shaped.compute_time(op, gpu) == pytest.approx(1.3 * roof + 7e-6)
+    assert shaped.compute_time(other, gpu) == base.compute_time(other, gpu)
+    elem = Op(name="e", kind="elementwise", stream="compute", bytes=1e6, shape=(4096, 4096, 4096))
+    assert shaped.compute_time(elem, gpu) == base.compute_time(elem, gpu)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
 from twin.calibrate.fit import FitResult, KernelPoint, fit_kernel, fit_latency_bandwidth, robust_cv
-from twin.cost import CostModel, KernelCost, default_cost_model
+from twin.cost import SHAPE_RANGE, CostModel, KernelCost, default_cost_model, shape_key
 from twin.rundir import BENCH_META
+from twin.schedule.ir import Op
 from twin.spec import ClusterSpec
 
 KERNEL_KIND = {"gemm": "gemm", "attention": "attention", "attention.bwd": "attention",
@@ -68,6 +70,25 @@ def fit_kernels(rows: list[dict], cluster: ClusterSpec, base: CostModel, dtype: 
     return defaults, dict(by_dtype), fits
 
 
+def sweep_shape_factors(rows: list[dict], cluster: ClusterSpec, cost: CostModel) -> dict:
+    """``CostModel.shape_factors`` of the swept GEMM shapes: measured over modelled time under
+    ``cost`` (its fitted kernels), launch excluded, within the step fit's bounds; the shapes
+    of a schedule that were swept are then timed as measured."""
+    out = {}
+    for r in rows:
+        dims = tuple(int(x) for x in re.findall(r"\d+", str(r.get("shape", ""))))
+        if r["kind"] != "gemm" or len(dims) != 3 or r.get("dtype") not in cluster.gpu.peak_tflops:
+            continue
+        op = Op(name="sweep", kind="gemm", stream="compute", shape=dims, dtype=str(r["dtype"]),
+                flops=float(r.get("flops") or 0.0), bytes=float(r.get("bytes") or 0.0))
+        launch = cost.kernel("gemm", op.dtype).launch_us * 1e-6
+        model = cost.compute_time(op, cluster.gpu) - launch
+        if model > 0 and r["time_s_median"] > launch:
+            factor = (r["time_s_median"] - launch) / model
+            out[shape_key(op)] = round(min(SHAPE_RANGE[1], max(SHAPE_RANGE[0], factor)), 6)
+    return out
+
+
 def fit_collectives(rows: list[dict], link: str = "intra"):
     """Latency/bandwidth per (kind, group size): the profile's collective_fits and residuals."""
     groups: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
@@ -103,6 +124,9 @@ def build_profile(bench_dir: Path, cluster: ClusterSpec, name: str, dtype: str,
         report["kernels"] = {k: {"params": f.params, "residual_median": f.median_abs_residual,
                                  "residual_max": f.max_abs_residual, "points": len(f.residuals)}
                              for k, f in kfits.items()}
+        shapes = sweep_shape_factors(krows, cluster, dataclasses.replace(base, **changes))
+        if shapes:
+            changes["shape_factors"] = shapes
         timed = [(r["time_s_median"], r["time_s_p10"], r["time_s_p90"]) for r in krows
                  if r["time_s_median"] > 2e-3]
         changes["compute_cv"] = robust_cv(timed)

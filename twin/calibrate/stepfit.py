@@ -28,7 +28,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.sparse import csr_matrix
 
-from twin.cost import CostModel, KernelCost
+from twin.cost import SHAPE_RANGE, SHAPED_KINDS, CostModel, KernelCost, shape_key
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import CriticalPath, critical_path
 from twin.sim.critical import host_us as host_us_of
@@ -76,6 +76,10 @@ CPU_FREE: tuple[tuple[str | None, str, float, float], ...] = (
 PRIOR_WEIGHT = 0.05
 """Residual weight pulling each log-parameter towards its start (0.05: a factor e away
 costs as much as a 5% error on one run)."""
+CENTER_WEIGHT = 10.0
+"""Weight of the residual holding the mean log factor of each kind's shapes at 0."""
+FD_STEP = 1e-6
+"""Step in log-parameter of the forward differences for the model's own fields."""
 ROUNDS = 3
 FOLD = "all"
 """Runs are simulated folded: copies along dp and tp are exact (tests/sim fold tests)."""
@@ -196,11 +200,15 @@ class StepFit:
 
 class _Retimer:
     """Step times of fixed critical paths under parameter vectors, fast: the unique compute
-    ops of all paths are timed once per evaluation and summed through a sparse matrix."""
+    ops of all paths are timed once per evaluation and summed through a sparse matrix. With
+    ``shapes`` (shape keys), each GEMM / attention op of a listed shape has its roofline time
+    scaled by that shape's factor (``CostModel.shape_factors``), whose derivatives are exact
+    (``jacobian``)."""
 
     def __init__(self, paths: list[CriticalPath], gpu, base: CostModel, free=FREE,
-                 dtypes: Sequence[str] = ()):
-        self.gpu, self.base, self.free, self.dtypes = gpu, base, free, tuple(dtypes)
+                 dtypes: Sequence[str] = (), shapes: Sequence[str] = ()):
+        self.gpu, self.free, self.dtypes = gpu, free, tuple(dtypes)
+        self.base = dataclasses.replace(base, shape_factors={}) if shapes else base
         index: dict = {}
         rows, cols, vals = [], [], []
         for r, p in enumerate(paths):
@@ -210,6 +218,10 @@ class _Retimer:
                 vals.append(n)
         self.ops = list(index)
         self.counts = csr_matrix((vals, (rows, cols)), shape=(len(paths), len(self.ops)))
+        column = {k: i for i, k in enumerate(shapes)}
+        self.shape_of = np.array([column.get(shape_key(op), -1) if op.kind in SHAPED_KINDS
+                                  else -1 for op in self.ops], int)
+        self.n_shapes = len(shapes)
         kinds = sorted({k for p in paths for k in p.host})
         self.host_kinds = kinds
         self.host = np.array([[p.host.get(k, 0) for k in kinds] for p in paths], float)
@@ -217,24 +229,52 @@ class _Retimer:
                                for p in paths])
         self.p2p_n = np.array([p.p2p_n for p in paths], float)
 
-    def __call__(self, values) -> np.ndarray:
+    def parts(self, values, shape_logs=()) -> tuple[np.ndarray, np.ndarray]:
+        """(step time of each path, the shaped roofline seconds of each op)."""
         cost = with_params(self.base, values, self.free, self.dtypes)
         times = np.array([cost.compute_time(op, self.gpu) for op in self.ops])
+        shaped = np.zeros(len(self.ops))
+        if self.n_shapes:
+            launch = np.array([cost.kernel(op.kind, op.dtype).launch_us * 1e-6 for op in self.ops])
+            has = self.shape_of >= 0
+            factor = np.exp(np.asarray(shape_logs, float))[self.shape_of[has]]
+            shaped[has] = (times[has] - launch[has]) * factor
+            times[has] = shaped[has] + launch[has]
         dtype = self.dtypes[0] if len(self.dtypes) == 1 else ""
         host_us = np.array([host_us_of(cost, k, dtype) for k in self.host_kinds])
         host = self.host @ host_us * 1e-6 if self.host_kinds else 0.0
-        return self.counts @ times + host + self.fixed + self.p2p_n * p2p_latency_s(cost)
+        step = self.counts @ times + host + self.fixed + self.p2p_n * p2p_latency_s(cost)
+        return step, shaped
+
+    def __call__(self, values, shape_logs=()) -> np.ndarray:
+        return self.parts(values, shape_logs)[0]
+
+    def shape_jacobian(self, shaped: np.ndarray) -> csr_matrix:
+        """d step / d log(shape factor): per path, the shaped seconds it spends in each shape."""
+        has = np.flatnonzero(self.shape_of >= 0)
+        pick = csr_matrix((shaped[has], (has, self.shape_of[has])),
+                          shape=(len(self.ops), self.n_shapes))
+        return (self.counts @ pick).tocsr()
+
+
+def path_shapes(paths: Sequence[CriticalPath]) -> list[str]:
+    """The GEMM and attention shape keys on ``paths`` (sorted)."""
+    return sorted({shape_key(op) for p in paths for op in p.compute if op.kind in SHAPED_KINDS})
 
 
 def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
               rounds: int = ROUNDS, workers: int | None = None, free=None,
-              log: Callable[[str], None] | None = None) -> StepFit:
+              log: Callable[[str], None] | None = None, shapes: bool | None = None) -> StepFit:
     """Fit ``free`` fields of ``base`` (default: ``free_for`` the jobs' cluster) to the
-    measured step times of ``jobs``."""
+    measured step times of ``jobs``; with ``shapes`` (default: on GPUs) also one factor per
+    GEMM and attention shape on the runs' critical paths (``CostModel.shape_factors``), pulled
+    towards the model (factor 1) as the other fields are towards their start."""
     if len(jobs) != len(measured_s) or not jobs:
         raise ValueError("fit_steps needs one measured step time per job, and some jobs")
     t0 = time.perf_counter()
     free = free_for(jobs[0].cluster) if free is None else free
+    if shapes is None:
+        shapes = jobs[0].cluster.intra.kind != "shared_cpu"
     dtypes = sorted({j.model.dtype for j in jobs})
     dtype = dtypes[0] if len(dtypes) == 1 else ""
     meas = np.asarray(measured_s, float)
@@ -246,33 +286,66 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
     x0 = np.clip(np.log([max(get(base, k, n, dtype), f_lo) for k, n, f_lo, _ in free]), lo + 1e-9,
                  hi - 1e-9)
     start = x0.copy()
+    factors = {k: math.log(v) for k, v in base.shape_factors.items()} if shapes else {}
     cost, history, resid = base, [], np.zeros(len(jobs))
     gpu = jobs[0].cluster.gpu
+    g = len(free)
     for k in range(rounds):
         tr = time.perf_counter()
         paths = predict(jobs, cost, workers)
         sim_err = np.array([p.step_s for p in paths]) / meas - 1
-        retime = _Retimer(paths, gpu, base, free, dtypes)
+        keys = path_shapes(paths) if shapes else []
+        retime = _Retimer(paths, gpu, base, free, dtypes, keys)
+        s0 = np.array([factors.get(key, 0.0) for key in keys])
+        s_start = np.array([math.log(base.shape_factors.get(key, 1.0)) for key in keys])
+        prior = np.concatenate([start, s_start])
+        lo_all = np.concatenate([lo, np.full(len(keys), math.log(SHAPE_RANGE[0]))])
+        hi_all = np.concatenate([hi, np.full(len(keys), math.log(SHAPE_RANGE[1]))])
 
-        def residuals(x, retime=retime):
-            pred = retime(np.exp(x))
-            return np.concatenate([np.log(pred / meas), PRIOR_WEIGHT * (x - start)])
+        # the factors of one kind average to 1 (in log): the kind's efficiency keeps the level,
+        # the factors only the jagged part the smooth model misses
+        center = np.zeros((len({key.partition(":")[0] for key in keys}), g + len(keys)))
+        for row, kind in enumerate(sorted({key.partition(":")[0] for key in keys})):
+            cols = [g + i for i, key in enumerate(keys) if key.partition(":")[0] == kind]
+            center[row, cols] = CENTER_WEIGHT / len(cols)
 
-        sol = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05,
-                            x_scale=1.0, max_nfev=200)
-        x0 = sol.x
-        cost = with_params(base, np.exp(sol.x), free, dtypes)
+        def residuals(x, retime=retime, prior=prior, center=center):
+            pred = retime(np.exp(x[:g]), x[g:])
+            return np.concatenate([np.log(pred / meas), PRIOR_WEIGHT * (x - prior), center @ x])
+
+        def jacobian(x, retime=retime, center=center):
+            pred, shaped = retime.parts(np.exp(x[:g]), x[g:])
+            cols = []
+            for j in range(g):  # the model's fields: forward differences
+                xj = x[:g].copy()
+                xj[j] += FD_STEP
+                cols.append((np.log(retime(np.exp(xj), x[g:])) - np.log(pred)) / FD_STEP)
+            top = np.column_stack(cols)
+            if retime.n_shapes:
+                top = np.hstack([top, (retime.shape_jacobian(shaped).multiply(1 / pred[:, None]))
+                                 .toarray()])
+            return np.vstack([top, PRIOR_WEIGHT * np.eye(len(x)), center])
+
+        x_init = np.clip(np.concatenate([x0, s0]), lo_all + 1e-9, hi_all - 1e-9)
+        sol = least_squares(residuals, x_init, jac=jacobian, bounds=(lo_all, hi_all),
+                            loss="soft_l1", f_scale=0.05, x_scale=1.0, max_nfev=200)
+        x0 = sol.x[:g]
+        factors.update(zip(keys, sol.x[g:].tolist()))
+        cost = with_params(base, np.exp(x0), free, dtypes)
+        if shapes:
+            cost = dataclasses.replace(cost, shape_factors={
+                key: round(math.exp(v), 6) for key, v in sorted(factors.items())})
         resid = sol.fun[: len(jobs)]
         history.append({"round": k + 1, "simulated_median_abs_error": float(np.median(np.abs(sim_err))),
                         "simulated_max_abs_error": float(np.max(np.abs(sim_err))),
                         "fitted_median_abs_error": float(np.median(np.abs(np.expm1(resid)))),
                         "fitted_max_abs_error": float(np.max(np.abs(np.expm1(resid)))),
-                        "seconds": time.perf_counter() - tr})
+                        "shapes": len(keys), "seconds": time.perf_counter() - tr})
         if log:
             h = history[-1]
             log(f"round {k + 1}/{rounds}: simulated median |error| "
                 f"{h['simulated_median_abs_error']:.1%} -> fitted on the paths "
-                f"{h['fitted_median_abs_error']:.1%} (largest {h['fitted_max_abs_error']:.1%}), "
-                f"{h['seconds']:.0f} s")
+                f"{h['fitted_median_abs_error']:.1%} (largest {h['fitted_max_abs_error']:.1%})"
+                + (f", {len(keys)} kernel shapes" if keys else "") + f", {h['seconds']:.0f} s")
     params = {f"{k}.{n}" if k else n: float(v) for (k, n, _, _), v in zip(free, np.exp(x0))}
     return StepFit(cost, params, [float(r) for r in resid], history, time.perf_counter() - t0)

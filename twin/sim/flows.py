@@ -60,6 +60,9 @@ class FlowPlanner:
         self._memo: dict[tuple, Planned] = {}
         self._fits: dict[tuple, dict | None] = {}
         self._uneven: dict[tuple, tuple] = {}  # (group, op name) -> its memo key
+        self.callers: dict[tuple, set[tuple[int, str]]] = {}
+        """Memo key -> the (rank, stream) pairs that call it ("p2p" and "all_to_all" stand
+        for transfers that may overlap): filled by ``prepare`` (twin/sim/private.py)."""
         self._merged = False
 
     def prepare(self, programs) -> None:
@@ -68,23 +71,28 @@ class FlowPlanner:
         here may run after it."""
         seen: set[tuple] = set()
         rows: dict[tuple, dict[int, tuple[float, ...]]] = {}
+        callers = self.callers
         for rank, prog in programs.items():
             for op in prog.ops:
                 if op.send_splits:  # an uneven all-to-all: planned from every member's row
                     rows.setdefault((op.group, op.name, op.group_name, op.bytes), {})[rank] = \
                         op.send_splits
                 elif op.is_collective:
-                    key = (op.kind, op.group, op.root, op.group_name)
+                    key = ("c", op.kind, op.group, op.root, op.group_name)
+                    callers.setdefault(key, set()).add((rank, op.stream))
                     if key not in seen:
                         seen.add(key)
                         self.collective(op.kind, op.group, 0.0, op.group_name, op.root)
                 elif op.is_p2p:
                     pair = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
+                    callers.setdefault(("p", *pair), set()).add((rank, "p2p"))
                     if pair not in seen:
                         seen.add(pair)
                         self.p2p(*pair, 0.0)
         for (group, name, role, nbytes), by_rank in rows.items():
             self._plan_uneven(group, name, role, nbytes, by_rank)
+            for rank in by_rank:
+                callers.setdefault(self._uneven[(group, name)], set()).add((rank, "all_to_all"))
         sig: dict[Resource, list] = {}
         for n, plan in enumerate(self._memo.values()):
             for k, b in enumerate(plan.bundles):
