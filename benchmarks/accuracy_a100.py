@@ -10,7 +10,8 @@ The published set (../shared/reference/a100_measured: Megatron-DeepSpeed GPT on 
 2. k-fold: the cost model fitted on k-1 folds (twin.calibrate.stepfit) predicts the held-out
    fold with the full simulator; every row is predicted once by a fit that never saw it;
 3. a harder split: fitted on hidden 1024, predicting hidden 2048;
-4. with --write-profile, the fit on every row is written to conf/profiles/dgx_a100.yaml.
+4. with --write-profile, the fit on every row is written to conf/profiles/dgx_a100.yaml;
+   --profile-only does only that, with the cross-validated figures of an earlier run (--out).
 
 Figures per split: mean, median and largest absolute error, Spearman's rank correlation
 within each (hidden, layers) model (smallest and median), and the top-1 regret of picking
@@ -63,12 +64,34 @@ HEAD = (f"{'split':<34} {'rows':>5} {'mean':>7} {'median':>7} {'max':>7} {'rho m
         f"{'rho med':>7} {'regret':>7} {'reg max':>7} {'fast':>5}")
 
 
+def write_profile(rows, start, workers, cv, cluster, log, results) -> None:
+    """Fit every row and write conf/profiles/dgx_a100.yaml with ``cv``'s figures."""
+    print("fitting on every row for conf/profiles/dgx_a100.yaml ...", flush=True)
+    fit = fit_steps([r.job for r in rows], [r.run.step_time_s for r in rows], start,
+                    workers=workers, log=log)
+    prov = {"source": "measured A100 steps (vTrain, ../shared/reference/a100_measured): "
+                      "Megatron-DeepSpeed GPT, fp16, full recompute, 1F1B, one node",
+            "cluster": cluster.name, "gpus": [cluster.gpu.name], "backend": "nccl",
+            "rows": len(rows), "fit_seconds": round(fit.seconds, 1),
+            "cross_validated": {k: cv[k] for k in ("mean_abs_error", "median_abs_error",
+                                                   "max_abs_error", "spearman_min",
+                                                   "regret_mean", "regret_max")},
+            "benchmark": "python benchmarks/accuracy_a100.py --write-profile"}
+    prof = dataclasses.replace(fit.cost, name="dgx_a100", provenance=prov)
+    path = prof.save(ROOT / "conf" / "profiles" / "dgx_a100.yaml")
+    results["profile"] = {"path": str(path), "params": fit.params,
+                          "shape_factors": len(fit.cost.shape_factors), "seconds": fit.seconds}
+    print(f"wrote {path}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=0, help="use the first N rows (0: all)")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--write-profile", action="store_true")
+    ap.add_argument("--profile-only", action="store_true",
+                    help="only fit every row and write the profile (figures from --out's last run)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "accuracy_a100.json"))
     args = ap.parse_args()
     if not DATA.is_dir():
@@ -85,6 +108,11 @@ def main() -> None:
                       cluster.gpu.sm_count, p2p_host_sync=True)
     log = lambda m: print(f"  {m}", flush=True)  # noqa: E731
     print(f"{len(rows)} measured rows; collectives from {len(nccl)} nccl-tests points", flush=True)
+    if args.profile_only:
+        results = json.loads(Path(args.out).read_text())
+        write_profile(rows, start, args.workers, results["kfold"], cluster, log, results)
+        Path(args.out).write_text(json.dumps(results, indent=2, default=float))
+        return
     results: dict = {"rows": len(rows)}
     print("before: the shipped dgx_a100 defaults ...", flush=True)
     before = score(scored(rows, predict([r.job for r in rows], shipped, args.workers)))
@@ -116,21 +144,7 @@ def main() -> None:
     print(HEAD + "\n" + line("fit h1024, predict h2048", hard), flush=True)
 
     if args.write_profile:
-        print("fitting on every row for conf/profiles/dgx_a100.yaml ...", flush=True)
-        fit = fit_steps([r.job for r in rows], [r.run.step_time_s for r in rows], start,
-                        workers=args.workers, log=log)
-        prov = {"source": "measured A100 steps (vTrain, ../shared/reference/a100_measured): "
-                          "Megatron-DeepSpeed GPT, fp16, full recompute, 1F1B, one node",
-                "cluster": cluster.name, "gpus": [cluster.gpu.name], "backend": "nccl",
-                "rows": len(rows), "fit_seconds": round(fit.seconds, 1),
-                "cross_validated": {k: cv[k] for k in ("mean_abs_error", "median_abs_error",
-                                                       "max_abs_error", "spearman_min",
-                                                       "regret_mean", "regret_max")},
-                "benchmark": "python benchmarks/accuracy_a100.py --write-profile"}
-        prof = dataclasses.replace(fit.cost, name="dgx_a100", provenance=prov)
-        path = prof.save(ROOT / "conf" / "profiles" / "dgx_a100.yaml")
-        results["profile"] = {"path": str(path), "params": fit.params}
-        print(f"wrote {path}", flush=True)
+        write_profile(rows, start, args.workers, cv, cluster, log, results)
     results["seconds"] = time.perf_counter() - t0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2, default=float))
