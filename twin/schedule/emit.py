@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 
 from twin.schedule.ir import Op, Program
 from twin.spec import Job
@@ -26,6 +26,9 @@ class Ctx:
     paradigm: str = ""
 
     def prefix(self) -> str:
+        cached = self.__dict__.get("_prefix")  # the same context names every op of a unit
+        if cached is not None:
+            return cached
         parts = [self.phase]
         if self.mb >= 0:
             parts.append(f"mb{self.mb}")
@@ -33,10 +36,13 @@ class Ctx:
             parts.append(f"L{self.layer}")
         elif self.chunk >= 0:
             parts.append(f"c{self.chunk}")
-        return "/".join(parts)
+        out = self.__dict__["_prefix"] = "/".join(parts)
+        return out
 
     def at(self, **kw) -> Ctx:
-        return replace(self, **kw)
+        return Ctx(kw.get("phase", self.phase), kw.get("mb", self.mb),
+                   kw.get("chunk", self.chunk), kw.get("layer", self.layer),
+                   kw.get("paradigm", self.paradigm))
 
 
 def _flatten(deps) -> Iterable[int]:
@@ -45,6 +51,35 @@ def _flatten(deps) -> Iterable[int]:
             yield from _flatten(d)
         elif d is not None:
             yield d
+
+
+def _dep_tuple(deps) -> tuple[int, ...]:
+    """The sorted distinct indices of ``deps`` (ints, None, or nested lists of them)."""
+    if deps.__class__ is list and len(deps) == 1 and deps[0].__class__ is int:
+        return (deps[0],)  # the common case: one dependency
+    out = set()
+    for d in deps:
+        if d.__class__ is int:
+            out.add(d)
+        elif d is not None:
+            out.update(_flatten((d,)))
+    return tuple(sorted(out))
+
+
+def _op_factory():
+    """Op(...) without the frozen dataclass's checks: each slot set by its descriptor (a
+    third of the time of building a large program went to Op.__init__)."""
+    names = [f.name for f in fields(Op)]
+    required = ("name", "kind", "stream")
+    args = ", ".join(n if n in required else f"{n}={f.default!r}"
+                     for n, f in zip(names, fields(Op)))
+    body = "".join(f"    _set_{n}(op, {n})\n" for n in names)
+    env = {"_new": object.__new__, "Op": Op, **{f"_set_{n}": Op.__dict__[n].__set__ for n in names}}
+    exec(f"def make_op({args}):\n    op = _new(Op)\n{body}    return op\n", env)  # noqa: S102
+    return env["make_op"]
+
+
+make_op = _op_factory()
 
 
 class ProgramBuilder:
@@ -73,10 +108,9 @@ class ProgramBuilder:
         if name in self._names:
             raise AssertionError(f"duplicate op name {name!r} on rank {self.rank}")
         idx = len(self.ops)
-        dep = tuple(sorted(set(_flatten(deps))))
-        self.ops.append(Op(name=name, kind=kind, stream=stream, deps=dep, phase=ctx.phase,
-                           paradigm=ctx.paradigm, layer=ctx.layer, mb=ctx.mb, chunk=ctx.chunk,
-                           **fields))
+        self.ops.append(make_op(name, kind, stream, deps=_dep_tuple(deps), phase=ctx.phase,
+                                paradigm=ctx.paradigm, layer=ctx.layer, mb=ctx.mb,
+                                chunk=ctx.chunk, **fields))
         self._names[name] = idx
         if kind in ("gemm", "attention", "elementwise", "optimizer"):
             self.last_compute = idx

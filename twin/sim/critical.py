@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from twin.cost import CostModel
 from twin.schedule.ir import Op
 from twin.spec import GPUSpec
+from twin.vocab import COLLECTIVE_KINDS, P2P_KINDS
+
+_CALLS = frozenset(COLLECTIVE_KINDS) | frozenset(P2P_KINDS)
+"""Kinds whose ops are collectives or send/recvs (Op.is_collective or Op.is_p2p)."""
 
 
 @dataclass
@@ -98,7 +102,7 @@ def _walk_tables(st, prog) -> tuple[dict[int, int], list[int]]:
     prev: dict[int, int] = {}
     for idx in st.streams.values():
         prev.update(zip(idx[1:], idx))
-    return prev, [k for k, op in enumerate(prog.ops) if op.is_collective or op.is_p2p]
+    return prev, [k for k, op in enumerate(prog.ops) if op.kind in _CALLS]
 
 
 class _Window:

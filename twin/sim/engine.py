@@ -4,8 +4,9 @@ and send/recv, transfers and shared cores through the fabric.
 Per the IR's stream semantics (twin/schedule/ir.py): an op starts when the previous op of
 its stream has finished and its dependencies are done. Runs of compute ops that nobody on
 another stream waits for are advanced with one timeout (their spans follow by
-arithmetic), so events scale with the synchronisation points, not with the ops. Memory
-ops take no time: each happens when its last dependency ends, computed after the run.
+arithmetic), and so are the calls no other stream's flows meet (twin/sim/private.py), so
+events scale with the synchronisation points, not with the ops. Memory ops take no time:
+each happens when its last dependency ends, computed after the run.
 
 Rank folding: ranks that are copies of each other along the folded axes (dp, tp; under
 expert parallelism the shifts that keep expert groups, twin.schedule.builder) are simulated
@@ -24,9 +25,10 @@ import simpy
 
 from twin.cost import CostModel
 from twin.schedule.ir import Op, Program
-from twin.sim.fabric import Fabric
+from twin.sim.fabric import EPS, Contended, Fabric
 from twin.sim.flows import FlowPlanner
 from twin.sim.host import HostPlan, host_plan
+from twin.sim.private import COMPUTE, Inliner, finish
 from twin.sim.records import (  # noqa: F401 - SimOptions, fold_classes: public here
     Bundle,
     P2PPair,
@@ -38,10 +40,18 @@ from twin.sim.records import (  # noqa: F401 - SimOptions, fold_classes: public 
     fold_classes,
     folded_shifts,
 )
+from twin.sim.sendrecv import SendRecv
 from twin.sim.topology import Topology
+from twin.sim.walks import Walk, memory_times, structure, walk_of
 from twin.spec import Job
 
 FIFO_UNORDERED = ("p2p", "mem")
+
+
+def env_all(env: simpy.Environment, events: list[simpy.Event]) -> simpy.Event:
+    """What waiting for every one of ``events`` yields (the event itself when one)."""
+    return events[0] if len(events) == 1 else env.all_of(events)
+
 
 class Simulation:
     """One simulated step of a schedule."""
@@ -71,11 +81,16 @@ class Simulation:
         self.core_share = job.cluster.cores_per_node is not None and cost.core_share
         self._core_weights: dict[int, tuple[float]] = {}
         self._members: dict[tuple[int, ...], int] = {}  # group -> its simulated members
-        self._compute_times: dict[tuple, float] = {}  # compute op signature -> base seconds
         self._inflight_comm = {r: 0 for r in programs}
+        self._synced: dict[int, dict[int, float]] = {}  # rank -> sync point -> host resumes
+        self._walks: dict[tuple, Walk] = {}
+        self.inline_private = True
+        """Time private calls by arithmetic (twin/sim/private.py); False: every call goes
+        through the fabric (the reference the tests compare with)."""
         self.ops_done = 0
         self.on_progress: Callable[[int], None] | None = None
-        """(ops_done): every 16,384 ops and after planning a collective over 1,024+ ranks."""
+        """(ops_done): every 4,096 ops of a stream, after planning a collective over 1,024+
+        ranks."""
 
     # -- helpers ------------------------------------------------------------------------
     def _noise(self, cv: float) -> float:
@@ -144,37 +159,29 @@ class Simulation:
         else:
             start()
 
-    def _p2p(self, rank: int, i: int, op: Op, evs: dict[int, simpy.Event], external: set[int],
-             host: HostPlan | None = None):
-        waits = [ev for ev in (self._event_of(rank, self.programs[rank].ops[d], evs, d)
-                               for d in op.deps if d in external) if not ev.triggered]
-        if waits:
-            yield self.env.all_of(waits)
-        if host is not None:  # the host has not issued it yet
-            yield from self._issued(rank, i, host, evs)
-        src, dst = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
-        key = (src, dst, op.tag)
-        self.start[rank][i] = self.env.now
-        pair = self._pairs.get(key)
-        if pair is None:
-            pair = self._pairs[key] = P2PPair(self.env.event())
-        pair.arrived += 1
-        if pair.arrived == 2 or (op.peer not in self.simulated):
-            del self._pairs[key]
-            self.env.process(self._run_p2p(src, dst, op, pair.done))
-        yield pair.done
-        self.end[rank][i] = self.env.now
-        self.events += 2
-        if i in external:
-            evs[i].succeed()
-
-    def _run_p2p(self, src: int, dst: int, op: Op, done: simpy.Event):
+    def _run_p2p(self, src: int, dst: int, op: Op, done: simpy.Event) -> None:
+        """The transfer by callbacks: its latency, then its flow, then ``done``."""
         bundle, lat = self.flows.p2p(src, dst, op.bytes)
-        yield self.env.timeout(lat * self._noise(self.cost.comm_cv))
-        ev = self._start(bundle)
-        if ev is not None:
-            yield ev
-        done.succeed()
+
+        def start(_e) -> None:
+            ev = self._start(bundle)
+            if ev is None:
+                done.succeed()
+            else:
+                ev.callbacks.append(lambda _e: done.succeed())
+
+        self.env.timeout(lat * self._noise(self.cost.comm_cv)).callbacks.append(start)
+
+    def _sync(self, rank: int, s: int, host: HostPlan, evs: dict[int, simpy.Event]):
+        """Wait (a process step) for the ops the host waits for at sync point ``s``; record
+        when the last of them ended (the host resumes issuing then)."""
+        ops, end = self.programs[rank].ops, self.end[rank]
+        waits = [ev for ev in (self._event_of(rank, ops[w], evs, w) for w in host.waits[s])
+                 if not ev.processed]  # processed: a collective's stream has recorded its end
+        if waits:  # all_of even for one: it fires after the streams recorded their ends
+            yield self.env.all_of(waits)
+            self.events += 1
+        self._synced[rank][s] = max(float(end[w]) for w in host.waits[s])
 
     def _event_of(self, rank: int, op: Op, evs: dict[int, simpy.Event], i: int) -> simpy.Event:
         """The completion event of op ``i`` (a collective's is its rendezvous event)."""
@@ -194,40 +201,31 @@ class Simulation:
             rv = self._rv[key] = Rendezvous(members, self.env.event())
         return rv
 
-    def _issued(self, rank: int, i: int, host: HostPlan, evs: dict[int, simpy.Event]):
-        """Wait (a process step) until the host has issued op ``i``: past its sync point's
-        ops, then its issue time. Returns when the op may start."""
-        s = host.sync_of[i]
-        ready = host.issue_s[i]
-        if s >= 0:
-            ops = self.programs[rank].ops
-            waits = [ev for ev in (self._event_of(rank, ops[w], evs, w) for w in host.waits[s])
-                     if not ev.triggered]
-            if waits:
-                yield self.env.all_of(waits)
-                self.events += 1
-            end = self.end[rank]
-            ready = max(ready, max(float(end[w]) for w in host.waits[s]) + host.offset_s(i))
-        if ready > self.env.now:
-            yield self.env.timeout(ready - self.env.now)
-
     def _stream(self, rank: int, indices: list[int], evs: dict[int, simpy.Event],
-                external: set[int], ext_deps: list[tuple[int, ...]], base: list[float],
-                host: HostPlan | None = None):
+                walk: Walk, st_: Structure, inline: dict[int, tuple] | None = None):
+        """One FIFO stream's process; ``inline``: ops of private streams it times too
+        (op -> (steps, shared resources, stream): twin/sim/private.py), each after its
+        stream's previous one. ``now`` is the clock, read again after every yield."""
         ops = self.programs[rank].ops
         env = self.env
         st, en = self.start[rank], self.end[rank]
+        external, ext_deps, cross = walk.external, walk.ext_deps, walk.cross
+        base, is_compute, host = st_.base_s, st_.is_compute, st_.host
+        sync_of, issue = (host.sync_of, host.issue_s) if host is not None else (None, None)
         pending = 0.0  # compute time advanced arithmetically, not yet waited for
         node = self.job.grid.node(rank)
         slow = self.opt.straggler.get(rank, 1.0)
         jitter = self.opt.jitter and self.cost.compute_cv > 0
         overlap = self.cost.overlap_slowdown
         core_share = self.core_share
-        for i in indices:
-            op = ops[i]
-            self.ops_done += 1
-            if not self.ops_done & 16383 and self.on_progress:
-                self.on_progress(self.ops_done)
+        synced = self._synced[rank]  # sync point -> when the host's waits there ended
+        free: dict[str, float] = {}  # inlined stream -> when its last op ends
+        now = env.now
+        for n, i in enumerate(indices, 1):
+            if not n & 4095:
+                self.ops_done += 4096
+                if self.on_progress:
+                    self.on_progress(self.ops_done)
             deps = ext_deps[i]
             if deps:
                 waits = [ev for ev in (self._event_of(rank, ops[d], evs, d) for d in deps)
@@ -236,17 +234,44 @@ class Simulation:
                     if pending:
                         yield env.timeout(pending)
                         pending = 0.0
-                    yield waits[0] if len(waits) == 1 else env.all_of(waits)
+                    yield env_all(env, waits)
+                    now = env.now
                     self.events += 1
-            if host is not None and (host.sync_of[i] >= 0 or host.issue_s[i] > env.now + pending):
-                if op.is_compute and not core_share and host.sync_of[i] < 0:
-                    pending = host.issue_s[i] - env.now  # not issued yet: the device idles
+            ready = 0.0  # when the host has issued it and its own walk's deps are done
+            if sync_of is not None:
+                s = sync_of[i]
+                if s >= 0:
+                    t_s = synced.get(s)
+                    if t_s is None:  # the host waits for the device here: once per sync
+                        if pending:
+                            yield env.timeout(pending)
+                            pending = 0.0
+                        yield from self._sync(rank, s, host, evs)
+                        now = env.now
+                        t_s = synced[s]
+                    ready = max(issue[i], t_s + (issue[i] - issue[s]))
                 else:
-                    if pending:
-                        yield env.timeout(pending)
-                        pending = 0.0
-                    yield from self._issued(rank, i, host, evs)
-            if op.is_compute:
+                    ready = issue[i]
+            for d in cross[i]:
+                if en[d] > ready:
+                    ready = float(en[d])
+            if inline is not None and i in inline:  # a private call: timed, no events
+                steps, shared, stream = inline[i]
+                t = max(ready, free.get(stream, 0.0))
+                end = finish(t, steps)
+                if t < now * (1 - EPS) and (shared or i in external):
+                    raise Contended(f"{ops[i].name} starts before the walk reaches it")
+                if shared:
+                    self.inliner.reserve(shared, t, end, (rank, stream))
+                st[i] = t
+                en[i] = free[stream] = end
+                if i in external:  # another process (the host's sync) waits for it
+                    env.timeout(max(0.0, end - now)).callbacks.append(
+                        lambda _e, ev=evs[i]: ev.succeed())
+                continue
+            if ready > now + pending:  # not issued or not ready yet: the device idles
+                pending = ready - now
+            if is_compute[i]:
                 dur = base[i] * slow
                 if jitter:
                     dur *= self._noise(self.cost.compute_cv)
@@ -259,14 +284,15 @@ class Simulation:
                     st[i] = env.now
                     yield self.fabric.transfer((("cpu", node),), dur, cap=1.0,
                                                weights=self._core_weight(rank, node))
-                    en[i] = env.now
+                    now = en[i] = env.now
                     self.events += 1
                 else:
-                    st[i] = env.now + pending
+                    st[i] = now + pending
                     pending += dur
-                    en[i] = env.now + pending
+                    en[i] = now + pending
                     if i in external or overlap:
                         yield env.timeout(pending)
+                        now = env.now
                         pending = 0.0
                         self.events += 1
                 if i in external:
@@ -277,46 +303,22 @@ class Simulation:
                     pending = 0.0
                 st[i] = env.now
                 self._inflight_comm[rank] += 1
-                yield self._arrive(rank, op, evs, i)
+                yield self._arrive(rank, ops[i], evs, i)
                 self._inflight_comm[rank] -= 1
-                en[i] = env.now
+                now = en[i] = env.now
+        self.ops_done += len(indices) & 4095
         if pending:
             yield env.timeout(pending)
 
     def _structure(self, rank: int, prog: Program) -> Structure:
-        """Streams, external deps and base compute times of a program; shared by every rank
-        of a pipeline stage (their programs differ only in global ranks)."""
+        """Streams, base compute times and the host's plan of a program; shared by every
+        rank of a pipeline stage (their programs differ only in global ranks)."""
         key = ("template", prog.template) if prog.template is not None else ("rank", rank)
-        cached = self._structures.get(key)
-        if cached is not None:
-            return cached
-        ops = prog.ops
-        streams: dict[str, list[int]] = {}
-        external: set[int] = set()
-        for i, op in enumerate(ops):
-            if op.stream == "mem":
-                continue  # timed after the run from its dependencies
-            streams.setdefault(op.stream, []).append(i)
-            for d in op.deps:
-                if ops[d].stream != op.stream or op.stream == "p2p":
-                    external.add(d)
-        host = host_plan(ops, self.cost)
-        if host is not None:
-            for waited in host.waits.values():
-                external.update(waited)  # the host waits for them: they need events
-        ext_deps = [tuple(d for d in op.deps if d in external) if op.deps else ()
-                    for op in ops]
-        gpu, cost, times = self.job.cluster.gpu, self.cost, self._compute_times
-        base = [0.0] * len(ops)
-        for i, op in enumerate(ops):  # the same shapes recur at every layer and micro-batch
-            if op.is_compute:
-                sig = (op.kind, op.dtype, op.shape, op.flops, op.bytes)
-                t = times.get(sig)
-                if t is None:
-                    t = times[sig] = cost.compute_time(op, gpu)
-                base[i] = t
-        out = Structure(streams, external, ext_deps, base, host)
-        self._structures[key] = out
+        out = self._structures.get(key)
+        if out is None:
+            gpu, cost = self.job.cluster.gpu, self.cost
+            out = self._structures[key] = structure(
+                prog.ops, lambda op: cost.compute_time(op, gpu), host_plan(prog.ops, cost))
         return out
 
     def structure_of(self, rank: int) -> Structure:
@@ -324,32 +326,43 @@ class Simulation:
         return self._structure(rank, self.programs[rank])
 
     def run(self) -> float:
-        """Simulate; returns the step time in seconds."""
+        """Simulate; returns the step time in seconds. A private call that turns out to
+        share its links with a flow (Contended) has the step simulated again with every
+        call in the fabric."""
+        try:
+            return self._run()
+        except Contended:
+            progress, structures = self.on_progress, self._structures
+            self.__init__(self.job, self.programs, self.cost, self.opt, self.classes)
+            self.inline_private, self.on_progress = False, progress
+            self._structures = structures
+            return self._run()
+
+    def _run(self) -> float:
         self.flows.prepare(self.programs)
+        on = self.inline_private and not (self.opt.jitter or self.cost.overlap_slowdown
+                                          or self.core_share or self.opt.degraded)
+        self.inliner = Inliner.of(self.flows, self.fabric, self.simulated, on)
         for rank, prog in self.programs.items():
-            streams, external, ext_deps, base, host = self._structure(rank, prog)
+            st = self._structure(rank, prog)
             ops = prog.ops
-            evs = {i: self.env.event() for i in external if not ops[i].is_collective}
-            for s, idx in streams.items():
-                if s == "p2p":
+            walk, inline = walk_of(self.inliner, self._walks, rank, prog, st)
+            evs = {i: self.env.event() for i in walk.external
+                   if not ops[i].is_collective or (inline and i in inline)}
+            self._synced[rank] = {}
+            for s, idx in walk.walks.items():
+                if s == "p2p":  # each its own chain of callbacks
                     for i in idx:
-                        self.env.process(self._p2p(rank, i, ops[i], evs, external, host))
+                        SendRecv(self, rank, i, ops[i], evs, walk.external, st.host).go()
                 else:
-                    self.env.process(self._stream(rank, idx, evs, external, ext_deps, base,
-                                                  host))
+                    self.env.process(self._stream(rank, idx, evs, walk, st,
+                                                  inline if s == COMPUTE else None))
         self.env.run()
         stuck = [k for k, rv in self._rv.items() if rv.members_left > 0]
         stuck += list(self._pairs)
         if stuck:
             raise RuntimeError(f"simulation ended with {len(stuck)} collectives or p2p waiting "
                                f"(first: {stuck[0]}): the schedule deadlocks")
-        self._memory_times()
-        return max(float(e.max()) if len(e) else 0.0 for e in self.end.values())
-
-    def _memory_times(self) -> None:
         for rank, prog in self.programs.items():
-            st, en = self.start[rank], self.end[rank]
-            for i, op in enumerate(prog.ops):
-                if op.stream == "mem":
-                    t = max((en[d] for d in op.deps), default=0.0)
-                    st[i] = en[i] = t
+            memory_times(prog.ops, self._structure(rank, prog), self.start[rank], self.end[rank])
+        return max(float(e.max()) if len(e) else 0.0 for e in self.end.values())

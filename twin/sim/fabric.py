@@ -63,6 +63,10 @@ class Due(NamedTuple):
     flow: Flow
 
 
+class Contended(Exception):
+    """A flow met a call the engine timed as alone on its links (twin/sim/private.py)."""
+
+
 class Fabric:
     """All shared resources of the simulated machine and the flows crossing them."""
 
@@ -76,6 +80,9 @@ class Fabric:
         self._armed = math.inf
         self._token = 0
         self.flows_done = 0
+        self.reserved: dict[Resource, float] = {}
+        """Resource -> when the calls timed off the fabric on it end (twin/sim/private.py):
+        a flow that starts on it before then raises Contended."""
 
     def transfer(self, resources: tuple[Resource, ...], amount: float, cap: float = math.inf,
                  weights: tuple[float, ...] | None = None,
@@ -93,6 +100,8 @@ class Fabric:
         for r in resources:
             if r not in self.capacity:
                 raise KeyError(f"unknown fabric resource {r!r}")
+            if self.reserved and self.reserved.get(r, -math.inf) > self.env.now * (1 + EPS):
+                raise Contended(r)
         weights = weights or (1.0,) * len(resources)
         costs = costs or (1.0,) * len(resources)
         f = Flow(next(self._ids), amount, amount, resources, cap, weights, costs, ev, self.env.now)

@@ -100,21 +100,40 @@ def pieces(text: str, mb: int) -> tuple[str, ...]:
     return tuple(re.split(rf"(?<![A-Za-z0-9_])mb{mb}(?![0-9])", text))
 
 
+_WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
 def rename(text: str, mb: int, new: int) -> str:
     """``text`` (an op's name or tag) with its micro-batch ``mb`` written as ``new``."""
     if not text or mb == new:
         return text
+    tok = f"mb{mb}"
+    k = text.find(tok)
+    if k < 0:
+        return text
+    end = k + len(tok)
+    if text.find(tok, end) < 0:  # one occurrence (most names): the pattern's test by hand
+        if (k and text[k - 1] in _WORD) or (end < len(text) and text[end] in "0123456789"):
+            return text
+        return f"{text[:k]}mb{new}{text[end:]}"
     return f"mb{new}".join(pieces(text, mb))
 
 
 def counterparts(ops, d: int) -> np.ndarray:
     """Per op, the index of the same op d micro-batches later (-1: none, or no micro-batch)."""
     index = {op.name: i for i, op in enumerate(ops)}
-    out = np.full(len(ops), -1, dtype=np.int64)
+    out = [-1] * len(ops)
     for i, op in enumerate(ops):
-        if op.mb >= 0:
-            out[i] = index.get(rename(op.name, op.mb, op.mb + d), -1)
-    return out
+        mb = op.mb
+        if mb >= 0:
+            name = op.name
+            head = f"{op.phase}/mb{mb}/"  # the builders' prefix (ProgramBuilder.emit)
+            if name.startswith(head) and "mb" not in name[len(head):] and "mb" not in op.phase:
+                new = f"{op.phase}/mb{mb + d}/{name[len(head):]}"  # its only mb token
+            else:
+                new = rename(name, mb, mb + d)
+            out[i] = index.get(new, -1)
+    return np.array(out, dtype=np.int64)
 
 
 class Cut(NamedTuple):

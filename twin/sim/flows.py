@@ -33,6 +33,10 @@ from twin.cost import CostModel
 from twin.sim.collectives import Transfer, plan_collective
 from twin.sim.records import Bundle
 from twin.sim.topology import Resource, Topology
+from twin.vocab import COLLECTIVE_KINDS, COMPUTE_KINDS, MEMORY_KINDS, P2P_KINDS
+
+_LOCAL = frozenset(COMPUTE_KINDS) | frozenset(MEMORY_KINDS)
+"""Kinds no flow is planned for."""
 
 
 class Planned(NamedTuple):
@@ -74,17 +78,20 @@ class FlowPlanner:
         callers = self.callers
         for rank, prog in programs.items():
             for op in prog.ops:
+                kind = op.kind
+                if kind in _LOCAL:
+                    continue
                 if op.send_splits:  # an uneven all-to-all: planned from every member's row
                     rows.setdefault((op.group, op.name, op.group_name, op.bytes), {})[rank] = \
                         op.send_splits
-                elif op.is_collective:
+                elif kind in COLLECTIVE_KINDS:
                     key = ("c", op.kind, op.group, op.root, op.group_name)
                     callers.setdefault(key, set()).add((rank, op.stream))
                     if key not in seen:
                         seen.add(key)
                         self.collective(op.kind, op.group, 0.0, op.group_name, op.root)
-                elif op.is_p2p:
-                    pair = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
+                elif kind in P2P_KINDS:
+                    pair = (rank, op.peer) if kind == "send" else (op.peer, rank)
                     callers.setdefault(("p", *pair), set()).add((rank, "p2p"))
                     if pair not in seen:
                         seen.add(pair)

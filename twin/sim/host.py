@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from twin.cost import CostModel
 from twin.schedule.ir import Op
+from twin.vocab import P2P_KINDS
 
 
 @dataclass(frozen=True)
@@ -48,32 +49,26 @@ def host_plan(ops: list[Op], cost: CostModel) -> HostPlan | None:
         if h is None:
             h = memo[key] = cost.host_time(op)
         host.append(h)
-    sync = cost.p2p_host_sync and any(_pipeline_p2p(op) for op in ops)
+    # the sends and recvs of the pipeline's exchange (group pp, or unnamed as in schedules
+    # written before send/recv had other groups), where Megatron's host waits
+    pipe = [op.kind in P2P_KINDS and op.group_name in ("pp", "") for op in ops]
+    sync = cost.p2p_host_sync and any(pipe)
     if not sync and not any(host):
         return None
     issue = list(itertools.accumulate(host))
-    sync_of = [-1] * len(ops)
+    sync_of = [-1] * len(ops)  # memory ops keep -1: no time, no host
     waits: dict[int, tuple[int, ...]] = {}
     last_of_stream: dict[str, int] = {}
     current = -1
     timed = [i for i, op in enumerate(ops) if op.stream != "mem"]
+    last = len(timed) - 1
     for k, i in enumerate(timed):
-        op = ops[i]
         sync_of[i] = current
-        last_of_stream[op.stream if not op.is_p2p else f"p2p{i}"] = i
-        nxt = ops[timed[k + 1]] if k + 1 < len(timed) else None
-        if sync and _pipeline_p2p(op) and (nxt is None or not _pipeline_p2p(nxt)):  # batch ends
+        op = ops[i]
+        last_of_stream[op.stream if op.kind not in P2P_KINDS else f"p2p{i}"] = i
+        if sync and pipe[i] and (k == last or not pipe[timed[k + 1]]):  # a batch ends
             waits[i] = tuple(sorted(set(last_of_stream.values())))
             last_of_stream = {s: j for s, j in last_of_stream.items() if not s.startswith("p2p")}
             current = i
-    for i, op in enumerate(ops):  # memory ops: no time, no host
-        if op.stream == "mem":
-            sync_of[i] = -1
     return HostPlan(issue, sync_of, waits)
-
-
-def _pipeline_p2p(op: Op) -> bool:
-    """A send or recv of the pipeline's exchange (group pp, or unnamed as in schedules written
-    before send/recv had other groups), where Megatron's host waits."""
-    return op.is_p2p and op.group_name in ("pp", "")
 

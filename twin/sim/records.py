@@ -219,16 +219,16 @@ class P2PPair:
 
 
 class Structure(NamedTuple):
-    """What every rank of one program template shares (Simulation._structure)."""
+    """What every rank of one program template shares (twin/sim/walks.py)."""
 
     streams: dict[str, list[int]]
     """Stream -> indices of its ops in order (memory ops excluded)."""
-    external: set[int]
-    """Ops that another stream (or a p2p op) waits for: they get completion events."""
-    ext_deps: list[tuple[int, ...]]
-    """Per op: its dependencies among ``external``."""
     base_s: list[float]
     """Per op: compute time before straggler, jitter and overlap factors (0 for the rest)."""
     host: object = None
     """The host's plan (twin.sim.host.HostPlan): issue times and sync points; None when
     the host neither costs nor waits."""
+    is_compute: list[bool] = []
+    """Per op: a compute op (Op.is_compute)."""
+    memory: list[int] = []
+    """Memory ops (stream mem), in program order."""

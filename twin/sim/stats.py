@@ -16,7 +16,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from twin.vocab import COMPUTE_KINDS, MEMORY_KINDS, PIPELINE_PHASES
+from twin.vocab import COLLECTIVE_KINDS, COMPUTE_KINDS, MEMORY_KINDS, P2P_KINDS, PIPELINE_PHASES
+
+_CALLS = frozenset(COLLECTIVE_KINDS) | frozenset(P2P_KINDS)
 
 
 class OpTable(NamedTuple):
@@ -50,12 +52,11 @@ def op_table(ops) -> OpTable:
     names: dict[str, int] = {}
     group = np.full(n, -1, dtype=np.int64)
     pp = np.zeros(n, bool)
-    for i, op in enumerate(ops):
-        if compute[i] or memory[i]:
-            continue
-        g = (op.group_name if op.is_collective or op.is_p2p else "") or op.kind
-        group[i] = names.setdefault(g, len(names))
-        pp[i] = (op.group_name if op.is_collective or op.is_p2p else "") == "pp"
+    for i in np.flatnonzero(~(compute | memory)).tolist():
+        op = ops[i]
+        role = op.group_name if op.kind in _CALLS else ""
+        group[i] = names.setdefault(role or op.kind, len(names))
+        pp[i] = role == "pp"
     is_alloc = np.fromiter((k == "alloc" for k in kinds), bool, n)
     nbytes = np.fromiter((op.bytes for op in ops), float, n)
     mem_bytes = np.where(memory, np.where(is_alloc, nbytes, -nbytes), 0.0)

@@ -1,0 +1,86 @@
+"""Send/recv ops as chains of callbacks, without a SimPy process each: an op waits for its
+dependencies, then for the host to issue it (past its sync point, at its issue time), then
+for its peer; the pair's transfer runs its latency, then its flow (Simulation._run_p2p).
+Each step runs in the callback of the event it waited for, when a process would resume."""
+
+from __future__ import annotations
+
+from twin.schedule.ir import Op
+from twin.sim.records import P2PPair
+
+
+class SendRecv:
+    """One send or recv of ``rank``'s program (op ``i``) in a Simulation."""
+
+    __slots__ = ("sim", "rank", "i", "op", "evs", "external", "host")
+
+    def __init__(self, sim, rank: int, i: int, op: Op, evs: dict, external: set[int],
+                 host=None):
+        self.sim, self.rank, self.i, self.op = sim, rank, i, op
+        self.evs, self.external, self.host = evs, external, host
+
+    def _untriggered(self, ops_idx, ended: bool = False) -> list:
+        """The events of ``ops_idx`` not triggered yet (``ended``: not processed yet, so that
+        a collective's stream has recorded when it ended)."""
+        sim, ops = self.sim, self.sim.programs[self.rank].ops
+        return [ev for ev in (sim._event_of(self.rank, ops[d], self.evs, d) for d in ops_idx)
+                if not (ev.processed if ended else ev.triggered)]
+
+    def go(self) -> None:
+        """Wait for the op's dependencies."""
+        waits = self._untriggered(d for d in self.op.deps if d in self.external)
+        if waits:
+            _all(self.sim.env, waits).callbacks.append(self.issue)
+        else:
+            self.issue()
+
+    def issue(self, _e=None) -> None:
+        """Wait until the host has issued it: its sync point's ops ended, then its issue time."""
+        host, env = self.host, self.sim.env
+        if host is not None:
+            i = self.i
+            s = host.sync_of[i]
+            ready = host.issue_s[i]
+            if s >= 0:
+                synced = self.sim._synced[self.rank]
+                t_s = synced.get(s)
+                if t_s is None:
+                    waits = self._untriggered(host.waits[s], ended=True)
+                    if waits:  # back here once they have ended (all_of even for one: it
+                        # fires after the streams have recorded their ends)
+                        env.all_of(waits).callbacks.append(self.issue)
+                        self.sim.events += 1
+                        return
+                    end = self.sim.end[self.rank]
+                    t_s = synced[s] = max(float(end[w]) for w in host.waits[s])
+                ready = max(ready, t_s + (host.issue_s[i] - host.issue_s[s]))
+            if ready > env.now:
+                env.timeout(ready - env.now).callbacks.append(self.arrive)
+                return
+        self.arrive()
+
+    def arrive(self, _e=None) -> None:
+        """Meet the peer (a folded peer is there already); the second side starts it."""
+        sim, op, rank = self.sim, self.op, self.rank
+        src, dst = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
+        key = (src, dst, op.tag)
+        sim.start[rank][self.i] = sim.env.now
+        pair = sim._pairs.get(key)
+        if pair is None:
+            pair = sim._pairs[key] = P2PPair(sim.env.event())
+        pair.arrived += 1
+        if pair.arrived == 2 or (op.peer not in sim.simulated):
+            del sim._pairs[key]
+            sim._run_p2p(src, dst, op, pair.done)
+        pair.done.callbacks.append(self.done)
+
+    def done(self, _e) -> None:
+        sim = self.sim
+        sim.end[self.rank][self.i] = sim.env.now
+        sim.events += 2
+        if self.i in self.external:
+            self.evs[self.i].succeed()
+
+
+def _all(env, events: list):
+    return events[0] if len(events) == 1 else env.all_of(events)
