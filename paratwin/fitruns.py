@@ -95,6 +95,11 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
     """The runs workflow (see the module docstring); ``path_for(cluster)`` says where the
     profile goes and ``claim()`` makes the run directory, both once every row has become a
     job (a bad row writes nothing). Returns what format=json prints."""
+    ceiling = cfg.get("gemm_ceiling")
+    if ceiling is not None and not (isinstance(ceiling, (int, float)) and 0 < ceiling <= 1):
+        raise ConfigError(f"gemm_ceiling={ceiling!r} must be a fraction of peak in (0, 1] (the "
+                          "GPU's maximum achievable matmul FLOP/s over its peak, e.g. 0.869 on "
+                          "A100 SXM), or null to fit the GEMMs' efficiency")
     rows = jobs_from_runs(str(cfg.runs), column_map(cfg.get("runs_columns")))
     clusters = {r.job.cluster.name for r in rows}
     if len(clusters) > 1:
@@ -123,7 +128,8 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
     def fit(subset: list[RunJob]):
         return fit_steps([r.job for r in subset], [r.run.step_time_s for r in subset], start,
                          workers=workers, log=lambda m: say("  " + m),
-                         shapes=None if shapes is None else bool(shapes))
+                         shapes=None if shapes is None else bool(shapes),
+                         gemm_ceiling=None if ceiling is None else float(ceiling))
 
     preds: dict[int, tuple[float, str]] = {}
     splits: list[tuple[list[int], list[int], str]] = []

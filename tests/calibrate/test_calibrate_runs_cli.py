@@ -84,3 +84,11 @@ def test_validate_holds_the_twin_against_a_runs_file_and_draws_it(tmp_path):
     assert all(float(r["predicted_s"]) > 0 for r in rows)
     html = (tmp_path / "v" / "report.html").read_text()
     assert "measured runs" in html and "mean |error|" in html
+
+
+def test_a_gemm_ceiling_out_of_range_is_one_line_and_writes_nothing(tmp_path):
+    out = paratwin("calibrate", f"runs={_runs(tmp_path)}", "gemm_ceiling=1.5",
+                   f"out={tmp_path / 'p.yaml'}", f"out_dir={tmp_path / 'c'}", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "gemm_ceiling=1.5 must be a fraction of peak in (0, 1]" in out.stderr
+    assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "c").exists()

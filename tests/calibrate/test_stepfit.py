@@ -151,3 +151,18 @@ def test_kernel_shape_factors_learn_what_the_smooth_model_cannot():
     assert mean_log(own & set(factors)) > np.log(1.08)
     assert abs(mean_log(set(factors) - own)) < np.log(1.05)
     assert shaped.rounds[-1]["shapes"] == len(factors)
+
+
+def test_a_gemm_ceiling_holds_the_efficiency_and_fits_the_size_curve():
+    """With the largest GEMMs' efficiency given (the GPU's maximum achievable matmul), the fit
+    frees how efficiency rises with size (half_flops) and recovers it from the runs."""
+    truth = dataclasses.replace(TRUE, gemm=dataclasses.replace(TRUE.gemm, efficiency=0.8,
+                                                                half_flops=5e9))
+    jobs = _jobs()
+    rng = np.random.default_rng(5)
+    measured = [p.step_s * float(np.exp(rng.normal(0, 0.01))) for p in predict(jobs, truth, 1)]
+    fit = fit_steps(jobs, measured, TRUE, rounds=2, workers=1, shapes=False, gemm_ceiling=0.8)
+    assert "gemm.efficiency" not in fit.params and fit.cost.gemm.efficiency == 0.8
+    assert fit.params["gemm.half_flops"] == pytest.approx(5e9, rel=0.3)
+    with pytest.raises(ValueError, match="gemm_ceiling=1.5 must be a fraction of peak"):
+        fit_steps(jobs, measured, TRUE, workers=1, gemm_ceiling=1.5)

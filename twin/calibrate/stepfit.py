@@ -58,6 +58,9 @@ FREE: tuple[tuple[str | None, str, float, float], ...] = (
     (None, "p2p_latency_us", 0.1, 1000.0),
     (None, "host_comm_per_rank_us", 0.1, 500.0),
 )
+HALF_FLOPS = ("gemm", "half_flops", 1e6, 1e12)
+HALF_FLOPS_START = 2e10
+"""Where the size curve starts when the base has none: half the ceiling at about a 2048-cube GEMM."""
 CPU_FREE: tuple[tuple[str | None, str, float, float], ...] = (
     # a shared-CPU rank runs its kernels on the thread that issues them: the framework's
     # cost per op (dispatch, autograd, the eager optimizer's per-tensor loop) is time on
@@ -85,9 +88,14 @@ FOLD = "all"
 """Runs are simulated folded: copies along dp and tp are exact (tests/sim fold tests)."""
 
 
-def free_for(cluster: ClusterSpec) -> tuple:
-    """What a fit from step times frees on ``cluster``: CPU_FREE on shared-CPU ranks, else FREE."""
-    return CPU_FREE if cluster.intra.kind == "shared_cpu" else FREE
+def free_for(cluster: ClusterSpec, gemm_ceiling: bool = False) -> tuple:
+    """What a fit from step times frees on ``cluster``: CPU_FREE on shared-CPU ranks, else FREE;
+    with a ``gemm_ceiling`` the GEMMs' size curve (half_flops) instead of their efficiency."""
+    if cluster.intra.kind == "shared_cpu":
+        return CPU_FREE
+    if gemm_ceiling:
+        return tuple(HALF_FLOPS if f[:2] == ("gemm", "efficiency") else f for f in FREE)
+    return FREE
 
 
 def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None = None,
@@ -113,6 +121,14 @@ def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None 
         host_comm_us=base.host_comm_us or 60.0, p2p_latency_us=base.p2p_latency_us or 10.0,
         host_comm_per_rank_us=base.host_comm_per_rank_us or 5.0,
         p2p_host_sync=base.p2p_host_sync if p2p_host_sync is None else p2p_host_sync)
+
+
+def _with_gemm(cost: CostModel, **changes) -> CostModel:
+    """``cost`` with ``changes`` in its GEMM kernel and every dtype's fitted GEMM kernel."""
+    by = {dt: {k: dataclasses.replace(v, **changes) if k == "gemm" else v for k, v in kinds.items()}
+          for dt, kinds in cost.kernels_by_dtype.items()}
+    return dataclasses.replace(cost, gemm=dataclasses.replace(cost.gemm, **changes),
+                               kernels_by_dtype=by)
 
 
 def get(cost: CostModel, kind: str | None, name: str, dtype: str = "") -> float:
@@ -264,15 +280,27 @@ def path_shapes(paths: Sequence[CriticalPath]) -> list[str]:
 
 def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
               rounds: int = ROUNDS, workers: int | None = None, free=None,
-              log: Callable[[str], None] | None = None, shapes: bool | None = None) -> StepFit:
+              log: Callable[[str], None] | None = None, shapes: bool | None = None,
+              gemm_ceiling: float | None = None) -> StepFit:
     """Fit ``free`` fields of ``base`` (default: ``free_for`` the jobs' cluster) to the
     measured step times of ``jobs``; with ``shapes`` (default: on GPUs) also one factor per
     GEMM and attention shape on the runs' critical paths (``CostModel.shape_factors``), pulled
-    towards the model (factor 1) as the other fields are towards their start."""
+    towards the model (factor 1) as the other fields are towards their start.
+
+    ``gemm_ceiling``: the efficiency the largest GEMMs reach on this GPU (its maximum achievable
+    matmul FLOP/s over peak, measured or published), held fixed while the fit frees how
+    efficiency rises with a GEMM's size (``gemm.half_flops``). Runs of small models cannot tell
+    how large GEMMs run; without a ceiling the fitted level is the small GEMMs' and a larger
+    model is predicted too slow (benchmarks/accuracy_a100.py: fit on hidden 1024, predict 2048)."""
     if len(jobs) != len(measured_s) or not jobs:
         raise ValueError("fit_steps needs one measured step time per job, and some jobs")
     t0 = time.perf_counter()
-    free = free_for(jobs[0].cluster) if free is None else free
+    if gemm_ceiling is not None:
+        if not 0 < gemm_ceiling <= 1:
+            raise ValueError(f"gemm_ceiling={gemm_ceiling} must be a fraction of peak in (0, 1]")
+        base = _with_gemm(base, efficiency=float(gemm_ceiling),
+                          half_flops=base.gemm.half_flops or HALF_FLOPS_START)
+    free = free_for(jobs[0].cluster, gemm_ceiling is not None) if free is None else free
     if shapes is None:
         shapes = jobs[0].cluster.intra.kind != "shared_cpu"
     dtypes = sorted({j.model.dtype for j in jobs})
