@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TWIN_FIELDS = ("source", "simulated_ranks", "fold", "events", "wall_s", "events_per_s", "ops",
-               "profile", "jitter", "seed", "critical_path_s", "fast_forward", "trace", "notes")
+               "profile", "jitter", "seed", "critical_path_s", "critical_path_shape_factors_s",
+               "fast_forward", "trace", "notes")
 """What the twin adds (``twin.sim.run.simulate``)."""
 EXECUTOR_FIELDS = ("source", "backend", "device", "steps_planned", "warmup", "verify",
                    "measured_peak_memory_bytes", "measured_peak_memory_max_bytes",

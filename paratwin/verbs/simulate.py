@@ -158,6 +158,10 @@ def format_summary(job, s: dict, out: Path, chrome: str = "trace.json") -> str:
         lines.append("  critical path: " + ", ".join(
             f"{k} {v / total:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
             if v / total >= 0.005))
+        shaped = s.get("critical_path_shape_factors_s") or 0.0
+        if abs(shaped) / total >= 0.005:
+            lines[-1] += (f" (kernel shape factors {'+' if shaped > 0 else '-'}"
+                          f"{abs(shaped) / total:.0%} of it)")
     peak, hbm = s["peak_memory_max_bytes"], job.cluster.hbm_bytes
     worst = max(s["peak_memory_bytes"], key=lambda r: s["peak_memory_bytes"][r])
     if s["fits_memory"]:

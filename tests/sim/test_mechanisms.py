@@ -147,3 +147,22 @@ def test_a_shape_factor_scales_that_shape_only_and_not_its_launch():
     assert shaped.compute_time(other, gpu) == base.compute_time(other, gpu)
     elem = Op(name="e", kind="elementwise", stream="compute", bytes=1e6, shape=(4096, 4096, 4096))
     assert shaped.compute_time(elem, gpu) == base.compute_time(elem, gpu)
+
+
+def test_the_summary_says_what_shape_factors_add_to_the_critical_path():
+    """One GPU, one stream: slowing every GEMM shape by 1.5x lengthens the step by exactly
+    what critical_path_shape_factors_s reports (half the GEMMs' roofline time)."""
+    from twin.schedule.builder import build_schedule
+    from twin.sim.run import simulate
+
+    job = _job()
+    cost = _cost()
+    ops = build_schedule(job).program(0).ops
+    shapes = {shape_key(op) for op in ops if op.kind == "gemm"}
+    gemm_s = sum(cost.compute_time(op, job.cluster.gpu) for op in ops if op.kind == "gemm")
+    plain = simulate(job, cost, SimOptions()).summary
+    shaped = simulate(job, dataclasses.replace(cost, shape_factors={k: 1.5 for k in shapes}),
+                      SimOptions()).summary
+    assert plain["critical_path_shape_factors_s"] == 0.0
+    assert shaped["critical_path_shape_factors_s"] == pytest.approx(0.5 * gemm_s, rel=1e-9)
+    assert shaped["step_time_s"] - plain["step_time_s"] == pytest.approx(0.5 * gemm_s, rel=1e-6)

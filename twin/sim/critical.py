@@ -14,6 +14,7 @@ simulation's summary reports the parts of its first step's path (``critical_path
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -78,6 +79,15 @@ class CriticalPath:
         host = sum(n * host_us(cost, k) for k, n in self.host.items()) * 1e-6
         out.update(host=host, collectives=self.comm_s, p2p=self.p2p_s, other=self.other_s)
         return out
+
+    def shape_factor_s(self, cost: CostModel, gpu: GPUSpec) -> float:
+        """Seconds the profile's kernel shape factors add to the path (negative: they take
+        time off): its compute under ``cost`` minus under ``cost`` without them."""
+        if not cost.shape_factors:
+            return 0.0
+        smooth = dataclasses.replace(cost, shape_factors={})
+        return sum(n * (cost.compute_time(op, gpu) - smooth.compute_time(op, gpu))
+                   for op, n in self.compute.items())
 
 
 def host_us(cost: CostModel, kind: str, dtype: str = "") -> float:

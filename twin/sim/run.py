@@ -202,7 +202,7 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
     spans: list[Span] = []
     record: list[int] = []
     step_times: list[float] = []
-    offset, events, ops, parts = 0.0, 0, 0, {}
+    offset, events, ops, parts, shaped = 0.0, 0, 0, {}, 0.0
     for k in range(steps):
         if first is not None and not options.jitter:
             run = first  # no noise: every step is the first
@@ -219,6 +219,7 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
             first = run
             warn_idle_links(run.sim, options)
             parts = run.path.parts(cost, job.cluster.gpu)
+            shaped = run.path.shape_factor_s(cost, job.cluster.gpu)
             record = _recorded(job, run, trace, steps)
         run.sim = None  # the engine's state: done with (its arrays live on in the timelines)
         for r in record:
@@ -245,6 +246,8 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
         # what the first step's critical path spends its time on: compute per kind, the
         # host issuing ops, collectives, send/recv, waits nothing explains
         "critical_path_s": {key: v for key, v in parts.items() if v > 0},
+        # of its compute, what the profile's kernel shape factors add (negative: take off)
+        "critical_path_shape_factors_s": shaped,
         "fast_forward": _forwarded(job, first), "trace": meta_trace, "notes": notes})
     return SimResult(out, summary)
 
