@@ -123,14 +123,6 @@ def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None 
         p2p_host_sync=base.p2p_host_sync if p2p_host_sync is None else p2p_host_sync)
 
 
-def _with_gemm(cost: CostModel, **changes) -> CostModel:
-    """``cost`` with ``changes`` in its GEMM kernel and every dtype's fitted GEMM kernel."""
-    by = {dt: {k: dataclasses.replace(v, **changes) if k == "gemm" else v for k, v in kinds.items()}
-          for dt, kinds in cost.kernels_by_dtype.items()}
-    return dataclasses.replace(cost, gemm=dataclasses.replace(cost.gemm, **changes),
-                               kernels_by_dtype=by)
-
-
 def get(cost: CostModel, kind: str | None, name: str, dtype: str = "") -> float:
     """A FREE field's value in ``cost`` (a kernel field: the kernel ``dtype``'s ops use)."""
     obj = cost if kind is None else cost.kernel(kind, dtype)
@@ -298,8 +290,8 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
     if gemm_ceiling is not None:
         if not 0 < gemm_ceiling <= 1:
             raise ValueError(f"gemm_ceiling={gemm_ceiling} must be a fraction of peak in (0, 1]")
-        base = _with_gemm(base, efficiency=float(gemm_ceiling),
-                          half_flops=base.gemm.half_flops or HALF_FLOPS_START)
+        base = with_params(base, [float(gemm_ceiling), base.gemm.half_flops or HALF_FLOPS_START],
+                           (("gemm", "efficiency", 0, 1), HALF_FLOPS), list(base.kernels_by_dtype))
     free = free_for(jobs[0].cluster, gemm_ceiling is not None) if free is None else free
     if shapes is None:
         shapes = jobs[0].cluster.intra.kind != "shared_cpu"
