@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tests.conftest import cluster, gpt
@@ -25,6 +24,7 @@ from twin.calibrate.traces import (
     latency_only,
     load_run,
     measurements,
+    per_step,
     physical,
 )
 from twin.cost import CostModel, KernelCost, LinkCost
@@ -104,10 +104,11 @@ def test_the_fit_recovers_parameters_under_noise(tmp_path):
 def test_host_gaps_and_arrival_skew_are_measured(tmp_path):
     run = load_run(_write_run(tmp_path / "r", _job(512), gap_us=40.0, skew_us=100.0))
     _, _, gaps, _, skew = measurements([run])
-    assert gaps["gemm"] and min(gaps["gemm"]) == pytest.approx(40.0, abs=1e-6)
+    assert gaps["gemm"] and min(v for _, v in gaps["gemm"]) == pytest.approx(40.0, abs=1e-6)
+    assert {tag for tag, _ in gaps["gemm"]} == {(0, 1), (0, 2)}  # (run, measured step)
     # two members, rank 1 100 us late at every collective: the last arrives max - mean = 50 us
     # after the mean, pooled and under its role's key
-    assert skew and all(v == pytest.approx(50.0) for vs in skew.values() for v in vs)
+    assert skew and all(v == pytest.approx(50.0) for vs in skew.values() for _, v in vs)
     assert any(k.endswith("@tp") for k in skew)
     prof, report = fit_traces([run], "fitted", CostModel())
     assert prof.gemm.host_us == pytest.approx(40.0, rel=0.01)  # a GPU run: the host's issue time
@@ -184,13 +185,25 @@ def test_a_bandwidth_the_sizes_cannot_separate_keeps_the_start_profiles():
     """Two sizes, the larger no slower (noise): the fitted bandwidth runs off to infinity;
     above 10x the link's nominal it is dropped and the start profile's bandwidth kept, the
     latency refitted under it."""
-    rows = [{"kind": "reduce_scatter", "group_size": 2, "bytes": b, "time_s_median": t}
-            for b, t in ((1e6, 0.0100), (1e6, 0.0102), (4e6, 0.0101), (4e6, 0.0099))]
+    rows = [{"kind": "reduce_scatter", "group_size": 2, "bytes": b, "time_s_median": t, "samples": n}
+            for b, t, n in ((1e6, 0.0100, 1), (1e6, 0.0102, 1), (4e6, 0.0101, 10), (4e6, 0.0099, 10))]
     dropped: list[str] = []
     kept = physical(fit_collectives(rows)[0], 10 * 2.0, dropped)
     assert kept == {} and dropped == ["reduce_scatter/intra/2"]
     start = {"reduce_scatter/intra/2": {"latency_us": 50.0, "bw_GBps": 1.0}}
     fit = latency_only(rows, kept, start)["reduce_scatter/intra/2"]
     assert fit["bw_GBps"] == 1.0
-    # median over the rows of t - S / bw: (10.0 - 1, 10.2 - 1, 10.1 - 4, 9.9 - 4) ms
-    assert fit["latency_us"] == pytest.approx(np.median([9000, 9200, 6100, 5900]), rel=1e-6)
+    # the median of t - S / bw over the instances, (10.0 - 1, 10.2 - 1) ms once each and
+    # (10.1 - 4, 9.9 - 4) ms ten times each: a row counts as often as it ran
+    assert fit["latency_us"] == pytest.approx(6100, rel=1e-6)
+
+
+def test_a_step_pays_the_tail_every_step_has_not_a_rare_stall():
+    """per_step: each measured step's mean, then the median over steps. A 2 ms descheduling
+    in every step among 19 gaps of 40 us counts ((19 * 40 + 2000) / 20 = 138 us); a 500 ms
+    stall in one step of five does not."""
+    samples = [((0, step), 40.0) for step in range(5) for _ in range(19)]
+    samples += [((0, step), 2000.0) for step in range(5)]
+    samples.append(((0, 3), 500e3))
+    assert per_step(samples) == pytest.approx(138.0)
+    assert per_step([((0, 0), 1.0), ((1, 0), 3.0), ((1, 0), 5.0)]) == pytest.approx(2.5)

@@ -6,7 +6,7 @@ A run directory written by ``paratwin execute`` holds the job and every op's spa
 - **kernels**: the duration of each compute op during which no communication ran on its
   node (the twin adds that contention itself: shared cores on one host, ``overlap_slowdown``
   on a GPU), grouped by what its cost depends on (kind, dtype, shape, the FLOPs it is timed
-  by, bytes): the trimmed mean and p10-p90 over its instances, as a row of ``kernels.csv``
+  by, bytes): the mean and p10-p90 over its instances, as a row of ``kernels.csv``
   (``paratwin bench``), so the same roofline fit applies;
 - **collectives**: every instance, from when its last member arrived to when it ended, i.e.
   the shortest member's span (clock-free: each span is one rank's clock); grouped by kind,
@@ -128,14 +128,12 @@ QUIET_TOL = 0.05
 """An op is quiet when the other activity on its node overlaps under 5% of it."""
 
 
-def _stats(times: list[float]) -> dict:
+def _stats(samples: list[tuple[tuple, float]]) -> dict:
     """The spread of an op's instances; ``time_s_median`` (the column the fits read) holds
-    their trimmed mean: a step pays the sum of its ops, so their mean, and a rare
-    descheduling of the rank is trimmed as noise."""
-    from scipy.stats import trim_mean
-
-    t = np.asarray(times, float)
-    return {"time_s_median": float(trim_mean(t, GAP_TRIM)), "time_s_p10": float(np.percentile(t, 10)),
+    their mean: a step pays the sum of its ops, and one op's few instances in a step are
+    too few for ``per_step``'s median to keep the tail the step's many ops pay."""
+    t = np.asarray([v for _, v in samples], float)
+    return {"time_s_median": float(t.mean()), "time_s_p10": float(np.percentile(t, 10)),
             "time_s_p90": float(np.percentile(t, 90)), "samples": len(t)}
 
 
@@ -144,13 +142,13 @@ def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict, d
     every collective (as ``paratwin bench`` writes them; collectives pooled, ``role`` "", and
     per group role), then in microseconds the host gaps (per kind of the op that waited),
     the hand-offs (per collective kind) and the arrival spread (per fit key, pooled and
-    ``@role``)."""
+    ``@role``), each as ((run, step), microseconds) samples (``per_step``)."""
     kernels: dict[tuple, list[float]] = defaultdict(list)
     colls: dict[tuple, list[float]] = defaultdict(list)
     gaps: dict[str, list[float]] = defaultdict(list)
     handoff: dict[str, list[float]] = defaultdict(list)
     skew: dict[str, list[float]] = defaultdict(list)
-    for run in runs:
+    for i, run in enumerate(runs):
         gpn = run.job.cluster.gpus_per_node
         busy = _comm_busy(run.spans, lambda r, gpn=gpn: r // gpn)
         members: dict[tuple, list[Span]] = defaultdict(list)
@@ -160,10 +158,11 @@ def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict, d
                 continue
             if op.is_compute and op.kind in KERNEL_KINDS:
                 if not _overlaps(busy.get((s.step, s.rank // gpn)), s.start_us, s.end_us, QUIET_TOL):
-                    kernels[(op.kind, op.dtype, timed_flops(op), op.bytes, op.shape)].append(s.dur_us * 1e-6)
+                    kernels[(op.kind, op.dtype, timed_flops(op), op.bytes, op.shape)].append(
+                        ((i, s.step), s.dur_us * 1e-6))
             elif op.is_collective:
                 members[(s.step, op.group, op.name)].append(s)
-        for (_step, group, name), got in members.items():
+        for (step, group, name), got in members.items():
             if len(got) < len(group):
                 continue  # a member's span is missing (a partial trace)
             last = min(got, key=lambda s: s.dur_us)  # the last to arrive: the transfer itself
@@ -173,11 +172,11 @@ def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict, d
                 # between pipeline stages it is structure, which the twin simulates
                 starts = [m.start_us for m in got]
                 spread = max(starts) - sum(starts) / len(starts)
-                skew[f"{last.kind}/intra/{len(group)}"].append(spread)
-                skew[f"{last.kind}/intra/{len(group)}@{op.group_name}"].append(spread)
+                skew[f"{last.kind}/intra/{len(group)}"].append(((i, step), spread))
+                skew[f"{last.kind}/intra/{len(group)}@{op.group_name}"].append(((i, step), spread))
             for role in ("", op.group_name):  # every group, and each role's (tp, dp, ...) own
-                colls[(op.kind, len(group), op.bytes, role)].append(last.dur_us * 1e-6)
-        _gaps(run, gaps, handoff)
+                colls[(op.kind, len(group), op.bytes, role)].append(((i, step), last.dur_us * 1e-6))
+        _gaps(run, i, gaps, handoff)
     kernel_rows = [{"kind": k[0], "dtype": k[1], "flops": k[2], "bytes": k[3], **_stats(t)}
                    for k, t in kernels.items()]
     coll_rows = [{"kind": k[0], "group_size": k[1], "bytes": k[2], "role": k[3], **_stats(t)}
@@ -185,7 +184,7 @@ def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict, d
     return kernel_rows, coll_rows, dict(gaps), dict(handoff), dict(skew)
 
 
-def _gaps(run: TracedRun, gaps: dict, handoff: dict) -> None:
+def _gaps(run: TracedRun, i: int, gaps: dict, handoff: dict) -> None:
     """Per op, the time between what it waited for ending and its start: a compute op held
     back by its own stream only (``gaps``, per kind: the host between ops), a collective
     after the compute it needs and an op woken by a collective (``handoff``, per
@@ -195,7 +194,7 @@ def _gaps(run: TracedRun, gaps: dict, handoff: dict) -> None:
         for s in run.spans:
             if s.rank == rank:
                 named[s.step][s.op] = s
-        for spans in named.values():
+        for step, spans in named.items():
             last_end: dict[str, float] = {}
             for op in prog:
                 s = spans.get(op.name)
@@ -211,16 +210,25 @@ def _gaps(run: TracedRun, gaps: dict, handoff: dict) -> None:
                 waited = [d for d in deps if d.stream != op.stream]
                 if op.is_compute and op.kind in KERNEL_KINDS:
                     if not waited:
-                        gaps[op.kind].append(gap)
+                        gaps[op.kind].append(((i, step), gap))
                     elif all(d.is_collective for d in waited):
-                        handoff[waited[0].kind].append(gap)
+                        handoff[waited[0].kind].append(((i, step), gap))
                 elif op.is_collective and waited and all(d.is_compute for d in waited):
-                    handoff[op.kind].append(gap)
+                    handoff[op.kind].append(((i, step), gap))
 
 
-GAP_TRIM = 0.1
-"""Host gaps are averaged with the top and bottom 10% trimmed: a step pays their sum, but a
-rare descheduling of the rank is noise, not the host's cost."""
+def per_step(samples: list[tuple[tuple, float]]) -> float:
+    """The typical step's mean of ``samples`` ((run, step) tag, value): each measured step's
+    mean, then their median. A step pays the sum of its ops' times and waits, heavy tail and
+    all (a rank descheduled for a 4 ms tick here and there, every step), so within a step
+    the mean; the validation holds the twin against the median step, so a rare stall that
+    slows one step is left out with it. (A trimmed mean over all instances, which this
+    replaced, cut the tail every step pays: on this machine it left host gaps 2-4x short and
+    made every prediction too fast.)"""
+    by: dict[tuple, list[float]] = defaultdict(list)
+    for tag, v in samples:
+        by[tag].append(v)
+    return float(np.median([np.mean(v) for v in by.values()]))
 
 
 def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
@@ -229,7 +237,6 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
 
     ``base``: where the fit starts (the cluster's profile); what the traces do not measure
     (a collective seen at one size only, cores and interference) is kept from it."""
-    from scipy.stats import trim_mean
 
     if not runs:
         raise TraceError("traces: no run directories given")
@@ -247,7 +254,7 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
     dtype = "fp32" if "fp32" in dtypes and cluster.intra.kind == "shared_cpu" else dtypes[0]
     defaults, by_dtype, kfits = fit_kernels(krows, cluster, base, dtype)
     cpu = cluster.intra.kind == "shared_cpu"
-    gap_us = {k: float(trim_mean(v, GAP_TRIM)) for k, v in gaps.items() if v}
+    gap_us = {k: per_step(v) for k, v in gaps.items() if v}
 
     def with_gap(kind: str, k):
         g = gap_us.get(kind, 0.0)
@@ -268,8 +275,8 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
                        unidentified)
         cfits.update(own)
         cfits.update(latency_only(rows, own, {**base.collective_fits, **cfits}, f"@{role}"))
-    handoff_us = {k: float(trim_mean(v, GAP_TRIM)) for k, v in handoff.items() if v}
-    skew_us = {k: float(trim_mean(v, GAP_TRIM)) for k, v in skew.items() if v}
+    handoff_us = {k: per_step(v) for k, v in handoff.items() if v}
+    skew_us = {k: per_step(v) for k, v in skew.items() if v}
     for key, fit in cfits.items():
         # the last member arrives after the others by their noise, which the twin's
         # identical ranks do not have: on average max(arrival) - mean(arrival) more
@@ -302,13 +309,13 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
                         "residual_max": f.max_abs_residual, "points": len(f.residuals)}
                     for k, f in kfits.items()},
         "collectives": cfits,
-        "host_gap_us": {k: {"mean_trimmed": g, "median": float(np.median(gaps[k])),
+        "host_gap_us": {k: {"step_mean": g, "median": float(np.median([v for _, v in gaps[k]])),
                             "samples": len(gaps[k]), "into": "launch_us" if cpu else "host_us"}
                         for k, g in gap_us.items()},
-        "handoff_us": {k: {"mean_trimmed": g, "samples": len(handoff[k]),
+        "handoff_us": {k: {"step_mean": g, "samples": len(handoff[k]),
                            "into": "latency_us" if cpu else "not used"}
                        for k, g in handoff_us.items()},
-        "skew_us": {k: {"mean_trimmed": g, "samples": len(skew[k]), "into": "latency_us"}
+        "skew_us": {k: {"step_mean": g, "samples": len(skew[k]), "into": "latency_us"}
                     for k, g in skew_us.items()},
         "collectives_kept": sorted(set(base.collective_fits) - set(cfits)),
         "bandwidth_unidentified": sorted(unidentified),
@@ -347,7 +354,15 @@ def latency_only(rows: list[dict], fitted: dict, fits: dict, suffix: str = "") -
             continue
         bw = float(old["bw_GBps"]) * 1e9
         lat = [max(0.0, r["time_s_median"] - r["bytes"] / bw) for r in got]
-        out[key] = {"latency_us": float(np.median(lat)) * 1e6, "bw_GBps": bw / 1e9,
+        out[key] = {"latency_us": weighted_median(lat, [r["samples"] for r in got]) * 1e6,
+                    "bw_GBps": bw / 1e9,
                     "residual_median": 0.0, "residual_max": 0.0, "points": len(got)}
     return out
 
+
+
+def weighted_median(values: list[float], weights: list[float]) -> float:
+    """The value below which half the total weight lies."""
+    order = np.argsort(values)
+    v, w = np.asarray(values, float)[order], np.asarray(weights, float)[order]
+    return float(v[np.searchsorted(np.cumsum(w), 0.5 * w.sum())])
