@@ -26,7 +26,8 @@ Then the step's tail: the data-parallel gradient collectives left after the last
 §3.2; ZeRO-2/3 reduce every micro-batch on the comm stream), the tied embedding's
 all-reduce, the gradient-norm all-reduce, the step end's compute (``step_end_ops``) and
 ZeRO-1/2's parameter all-gather (exposed). With the profile's ``p2p_host_sync`` (Megatron
-synchronizes the host after each exchange) the host issues every chunk afresh. A unit
+synchronizes the host after each exchange) the host issues every chunk afresh, and a
+split-backward schedule's pipeline is walked as its host waits (``twin.search.syncwalk``). A unit
 takes max(device, host) once the host runs ahead (``CostModel.host_time``).
 Routed experts on groups of their own reduce their gradients over the expert-data-parallel
 group (``edp``) after the dense buckets on the same stream.
@@ -41,9 +42,10 @@ from twin.cost import CostModel
 from twin.metrics import throughput
 from twin.schedule.emit import Ctx, ProgramBuilder
 from twin.schedule.ir import Op
-from twin.schedule.pipeline import V_SCHEDULES
+from twin.schedule.pipeline import SPLIT_SCHEDULES, V_SCHEDULES
 from twin.search.bubble import pipeline_s
 from twin.search.comm import CommModel, together_s
+from twin.search.syncwalk import synced_pipeline_s
 from twin.search.units import Timing, layer_classes, unit_timings
 from twin.spec import Job
 from twin.spec.experts import expert_grid, has_expert_groups
@@ -371,8 +373,12 @@ def estimate(job: Job, est: Estimator) -> Estimate:
     w = [f + b + k * c for f, b, k in zip(fs, bs, hops)] if p > 1 else [fs[0] + bs[0]]
     worst = max(range(len(w)), key=w.__getitem__)
     half = hops[worst] * c / 2
-    pipe = pipeline_s(par.pp_schedule, p, v, m, w, fs[worst] + half, bs[worst] + half,
-                      ws[worst])
+    if est.cost.p2p_host_sync and p > 1 and par.pp_schedule in SPLIT_SCHEDULES \
+            and par.pp_schedule_csv is None:  # the host waits at each exchange
+        pipe = synced_pipeline_s(par.pp_schedule, p, m, fs, bs, ws, c)
+    else:
+        pipe = pipeline_s(par.pp_schedule, p, v, m, w, fs[worst] + half, bs[worst] + half,
+                          ws[worst])
     dp_tail, rest = _tail(job, est, fs, bs, c, shape)
     step = pipe + dp_tail + rest
     tokens_per_s, mfu = est.rates(job, step)

@@ -1,0 +1,145 @@
+"""A split-backward pipeline whose host waits at every exchange: its makespan by a walk.
+
+With ``CostModel.p2p_host_sync`` (Megatron's ``batch_isend_irecv``, wait, synchronize) the
+host of a stage stops after each run of consecutive sends and recvs until they and the work
+before them have finished (``twin.sim.host``). torch's runtime posts a split-backward
+table's recvs early, at the receiver's point when the sender's action runs
+(``twin.schedule.zerobubble.post_recvs``); a host that then waits for such a recv waits for
+the sender, and cannot issue the weight-gradient work a free pipeline would slide into the
+gap. The tables' bubble (``twin.search.bubble``) misses that: on GPT-3 175B on 1,024 A100s
+the estimate put ZB-V and ZB-H1 plans 24-34% faster than the twin simulates them.
+
+The walk runs each stage's lowered table as the twin does, with each stage's times
+(forward f, backward b, of which W w; per chunk of v), a transfer c: a compute op starts
+when the device is free, the host has issued it (at the last sync) and its input arrived; a
+transfer runs from max(the send's compute end, both hosts' posting times) for c; a sync sets
+the stage's device and host clock to the end of everything it waits for. Stages advance
+round-robin as far as what their peers have done allows. Like the tables' bubble it is
+homogeneous in the times, so each (schedule, p, m', the stages' times and c over the
+largest forward) is walked once (ratios binned by 2%), and past m = 3p the steady state
+adds the same time per micro-batch: T(m) = T(2p) + (m - 2p) (T(3p) - T(2p)) / p.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from twin.schedule.pipeline import V_SCHEDULES, chunk_stage, placement_style
+from twin.schedule.tables import stage_table
+from twin.schedule.zerobubble import post_recvs
+from twin.search.bubble import _bin
+
+Key = tuple[str, int, int]
+"""A transfer: (F for an activation or G for a gradient, micro-batch, consumer chunk)."""
+
+
+@lru_cache(maxsize=64)
+def _programs(schedule: str, p: int, m: int) -> tuple[tuple[tuple, ...], ...]:
+    """Per stage, its ops in program order: ("c", phase, input key or None, pairs) for
+    compute (an overlapped pair is one op of both phases), ("s", key), ("r", key), and
+    ("y",) where the host syncs (after each run of consecutive sends and recvs)."""
+    v = 2 if schedule in V_SCHEDULES else 1
+    placement = tuple(chunk_stage(c, p, placement_style(schedule)) for c in range(p * v))
+    orders = [stage_table(schedule, p, m, s, v) for s in range(p)]
+    last = p * v - 1
+    out = []
+    for s, items in enumerate(post_recvs(orders, placement)):
+        ops: list[tuple] = []
+        for kind, a in items:
+            if kind == "recv":
+                ops.append(("r", ("F" if a.phase == "F" else "G", a.mb, a.chunk)))
+                continue
+            src = (a.chunk - 1 if a.phase == "F" and a.chunk > 0 else
+                   a.chunk + 1 if a.phase in ("B", "I") and a.chunk < last else None)
+            need = None
+            if src is not None and placement[src] != s:
+                need = ("F" if a.phase == "F" else "G", a.mb, a.chunk)
+            ops.append(("c", a.phase, need))
+            dst = (a.chunk + 1 if a.phase == "F" and a.chunk < last else
+                   a.chunk - 1 if a.phase in ("B", "I") and a.chunk > 0 else None)
+            if dst is not None and placement[dst] != s:
+                ops.append(("s", ("F" if a.phase == "F" else "G", a.mb, dst)))
+        synced: list[tuple] = []
+        for i, op in enumerate(ops):
+            synced.append(op)
+            if op[0] in "sr" and (i + 1 == len(ops) or ops[i + 1][0] not in "sr"):
+                synced.append(("y",))
+        out.append(tuple(synced))
+    return tuple(out)
+
+
+def walk_sync(schedule: str, p: int, m: int, f, b, w, c: float, sync: bool = True) -> float:
+    """The makespan of ``schedule``'s lowered tables under host syncs (module docstring);
+    ``f``, ``b``, ``w``: one micro-batch's forward, backward and its weight-gradient part,
+    per stage (sequences) or the same on every stage; ``sync=False``: a host that never
+    waits (the tables' own walk, transfers included)."""
+    v = 2 if schedule in V_SCHEDULES else 1
+    per = [tuple(x) if isinstance(x, (tuple, list)) else (x,) * p for x in (f, b, w)]
+    dur = [{"F": fs / v, "B": bs / v, "I": (bs - ws) / v, "W": ws / v}
+           for fs, bs, ws in zip(*per)]
+    programs = _programs(schedule, p, m)
+    ready: dict[Key, float] = {}  # the send's compute end and its host's issue
+    posted: dict[Key, float] = {}  # when the recv's host posted it
+    dev = [0.0] * p
+    host = [0.0] * p
+    pos = [0] * p
+    run: list[list[Key]] = [[] for _ in range(p)]
+
+    def arrival(key: Key) -> float | None:
+        if key in ready and key in posted:
+            return max(ready[key], posted[key]) + c
+        return None
+
+    while True:
+        progressed = False
+        for s, ops in enumerate(programs):
+            while pos[s] < len(ops):
+                op = ops[pos[s]]
+                if op[0] == "c":
+                    start = max(dev[s], host[s])
+                    if op[2] is not None:
+                        got = arrival(op[2])
+                        if got is None:
+                            break
+                        start = max(start, got)
+                    dev[s] = start + dur[s][op[1]]
+                elif op[0] == "s":
+                    ready[op[1]] = max(dev[s], host[s])
+                    run[s].append(op[1])
+                elif op[0] == "r":
+                    posted[op[1]] = host[s]
+                    run[s].append(op[1])
+                elif sync:  # the host waits for the run's transfers and the work before them
+                    ends = [arrival(k) for k in run[s]]
+                    if any(e is None for e in ends):
+                        break
+                    host[s] = dev[s] = max([dev[s], *ends])
+                    run[s] = []
+                pos[s] += 1
+                progressed = True
+        if all(pos[s] == len(ops) for s, ops in enumerate(programs)):
+            return max(dev)
+        if not progressed:
+            raise ValueError(f"{schedule} p={p} m={m}: the host-synced exchange deadlocks")
+
+
+@lru_cache(maxsize=4096)
+def _unit_makespan(schedule: str, p: int, m: int, fs: tuple, bs: tuple, ws: tuple,
+                   c: float) -> float:
+    return walk_sync(schedule, p, m, fs, bs, ws, c)
+
+
+def synced_pipeline_s(schedule: str, p: int, m: int, fs: list[float], bs: list[float],
+                      ws: list[float], c: float) -> float:
+    """First forward to last backward of a host-synced split-backward pipeline (per stage
+    one micro-batch's forward, backward and its weight-gradient part, without exchanges; c
+    one transfer). The times are scaled by the largest forward and binned (``_bin``)."""
+    f = max(fs)
+    if f <= 0:
+        return 0.0
+    key = (tuple(_bin(x / f) for x in fs), tuple(_bin(x / f) for x in bs),
+           tuple(_bin(min(x, y) / f) for x, y in zip(ws, bs)), _bin(c / f))
+    if m <= 3 * p:
+        return f * _unit_makespan(schedule, p, m, *key)
+    t2, t3 = (_unit_makespan(schedule, p, k * p, *key) for k in (2, 3))
+    return f * (t2 + (m - 2 * p) * (t3 - t2) / p)
