@@ -27,7 +27,8 @@ Then the step's tail: the data-parallel gradient collectives left after the last
 all-reduce, the gradient-norm all-reduce, the step end's compute (``step_end_ops``) and
 ZeRO-1/2's parameter all-gather (exposed). With the profile's ``p2p_host_sync`` (Megatron
 synchronizes the host after each exchange) the host issues every chunk afresh, and a
-split-backward schedule's pipeline is walked as its host waits (``twin.search.syncwalk``). A unit
+split-backward schedule's pipeline is walked as its host waits (``twin.search.syncwalk``);
+gradients reduced every micro-batch hold each other schedule's exchanges (``synced_reductions_s``). A unit
 takes max(device, host) once the host runs ahead (``CostModel.host_time``).
 Routed experts on groups of their own reduce their gradients over the expert-data-parallel
 group (``edp``) after the dense buckets on the same stream.
@@ -45,7 +46,7 @@ from twin.schedule.ir import Op
 from twin.schedule.pipeline import SPLIT_SCHEDULES, V_SCHEDULES
 from twin.search.bubble import pipeline_s
 from twin.search.comm import CommModel, together_s
-from twin.search.syncwalk import synced_pipeline_s
+from twin.search.syncwalk import synced_pipeline_s, synced_reductions_s
 from twin.search.units import Timing, layer_classes, unit_timings
 from twin.spec import Job
 from twin.spec.experts import expert_grid, has_expert_groups
@@ -242,7 +243,10 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
             root = shape.params[s] * e - n * unit_bytes
             f += v * ag + (comm.collective_s(job, "all_gather", shard, root) if root > 0 else 0.0)
             b += v * ag if par.fsdp_reshard_after_forward else 0.0
-        if sync:  # the host issues each chunk after the exchange before it has finished
+        if sync:  # the host issues each chunk after the exchange before it has finished,
+            # and waits there for reductions issued beside its backward
+            if par.pp_schedule not in SPLIT_SCHEDULES:
+                b += synced_reductions_s(job, comm, b, n)
             f += v * u["layer_fwd"].first_host_s
             b += v * u["layer_bwd"].first_host_s
         fs.append(f)

@@ -22,12 +22,16 @@ adds the same time per micro-batch: T(m) = T(2p) + (m - 2p) (T(3p) - T(2p)) / p.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
+from twin.schedule.data import assign_buckets
 from twin.schedule.pipeline import V_SCHEDULES, chunk_stage, placement_style
 from twin.schedule.tables import stage_table
 from twin.schedule.zerobubble import post_recvs
 from twin.search.bubble import _bin
+from twin.workload.context import dp_dims
+from twin.workload.params import layer_tensors
 
 Key = tuple[str, int, int]
 """A transfer: (F for an activation or G for a gradient, micro-batch, consumer chunk)."""
@@ -143,3 +147,26 @@ def synced_pipeline_s(schedule: str, p: int, m: int, fs: list[float], bs: list[f
         return f * _unit_makespan(schedule, p, m, *key)
     t2, t3 = (_unit_makespan(schedule, p, k * p, *key) for k in (2, 3))
     return f * (t2 + (m - 2 * p) * (t3 - t2) / p)
+
+
+def synced_reductions_s(job, comm, b: float, layers: int) -> float:
+    """What one micro-batch's backward of a stage adds when its host waits at each exchange
+    and its gradients are reduced every micro-batch (ZeRO-2, ``grad_sync=every``): after each
+    chunk's backward the host waits for the chunk's bucketed reductions (issued as its
+    gradients become ready, ``twin.schedule.data``): the last bucket, or all of them less the
+    chunk's backward when they take longer. ``b``: the stage's backward of one micro-batch
+    over its v chunks; ``layers``: the stage's layers."""
+    par = job.parallel
+    if not par.sync_every_microbatch or par.zero_stage not in (0, 1, 2) or par.dp * par.cp <= 1:
+        return 0.0
+    v = par.pp_virtual_stages
+    per_chunk = max(1, layers // v)
+    e = job.model.dtype_bytes
+    tensors = [((i, t.name), t.numel) for i in range(per_chunk)
+               for t in layer_tensors(job.model, par.tp)]
+    last = assign_buckets(tensors, e, par.ddp_bucket_MB)[-1].numel * e
+    a, per_byte = comm.affine(job, "all_reduce" if par.zero_stage == 0 else "reduce_scatter",
+                              dp_dims(par))
+    whole = sum(n for _, n in tensors) * e
+    buckets = max(1, math.ceil(whole / (par.ddp_bucket_MB * 1024 * 1024)))
+    return v * max(a + last * per_byte, buckets * a + whole * per_byte - b / v)
