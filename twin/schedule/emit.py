@@ -40,9 +40,17 @@ class Ctx:
         return out
 
     def at(self, **kw) -> Ctx:
-        return Ctx(kw.get("phase", self.phase), kw.get("mb", self.mb),
-                   kw.get("chunk", self.chunk), kw.get("layer", self.layer),
-                   kw.get("paradigm", self.paradigm))
+        out = _new(Ctx)  # Ctx(...) without the frozen dataclass's __init__ (its fields set)
+        d = out.__dict__
+        d.update(phase=kw.get("phase", self.phase), mb=kw.get("mb", self.mb),
+                 chunk=kw.get("chunk", self.chunk), layer=kw.get("layer", self.layer),
+                 paradigm=kw.get("paradigm", self.paradigm))
+        if len(kw) == 1 and "paradigm" in kw:
+            d["_prefix"] = self.prefix()  # the prefix does not name the paradigm
+        return out
+
+
+_new = object.__new__
 
 
 def _flatten(deps) -> Iterable[int]:
@@ -67,15 +75,18 @@ def _dep_tuple(deps) -> tuple[int, ...]:
 
 
 def _op_factory():
-    """Op(...) without the frozen dataclass's checks: each slot set by its descriptor (a
-    third of the time of building a large program went to Op.__init__)."""
+    """Op(...) without the frozen dataclass's checks (a third of the time of building a large
+    program went to Op.__init__): the slots are stored on an instance of a plain class of
+    the same layout, which then becomes an Op (``__class__`` assignment between classes with
+    the same slots), still frozen."""
     names = [f.name for f in fields(Op)]
     required = ("name", "kind", "stream")
     args = ", ".join(n if n in required else f"{n}={f.default!r}"
                      for n, f in zip(names, fields(Op)))
-    body = "".join(f"    _set_{n}(op, {n})\n" for n in names)
-    env = {"_new": object.__new__, "Op": Op, **{f"_set_{n}": Op.__dict__[n].__set__ for n in names}}
-    exec(f"def make_op({args}):\n    op = _new(Op)\n{body}    return op\n", env)  # noqa: S102
+    body = "".join(f"    op.{n} = {n}\n" for n in names)
+    env = {"_Slots": type("_OpSlots", (), {"__slots__": tuple(Op.__slots__)}), "Op": Op}
+    exec(f"def make_op({args}):\n    op = _Slots()\n{body}    op.__class__ = Op\n    return op\n",  # noqa: S102
+         env)
     return env["make_op"]
 
 
@@ -105,13 +116,13 @@ class ProgramBuilder:
     def emit(self, ctx: Ctx, local: str, kind: str, stream: str, deps: Iterable[Idx] = (),
              **fields) -> int:
         name = f"{ctx.prefix()}/{local}"
-        if name in self._names:
+        names, ops = self._names, self.ops
+        if name in names:
             raise AssertionError(f"duplicate op name {name!r} on rank {self.rank}")
-        idx = len(self.ops)
-        self.ops.append(make_op(name, kind, stream, deps=_dep_tuple(deps), phase=ctx.phase,
-                                paradigm=ctx.paradigm, layer=ctx.layer, mb=ctx.mb,
-                                chunk=ctx.chunk, **fields))
-        self._names[name] = idx
+        idx = len(ops)
+        ops.append(make_op(name, kind, stream, _dep_tuple(deps), ctx.phase, ctx.paradigm,
+                           ctx.layer, ctx.mb, ctx.chunk, **fields))
+        names[name] = idx
         if kind in ("gemm", "attention", "elementwise", "optimizer"):
             self.last_compute = idx
         return idx

@@ -77,6 +77,10 @@ class StepBuilder:
             self.pp,                              # pipeline p2p and tied embeddings
         ]
         self.passes: list[Pass] = [p for p in candidates if p is not None]
+        # the hooks a pass overrides (the rest do nothing), in the order ``run`` calls them
+        self._before = [p.before for p in reversed(self.passes) if type(p).before is not Pass.before]
+        self._after = [p.after for p in self.passes if type(p).after is not Pass.after]
+        self._ctxs: dict[tuple[str, int, int], Ctx] = {}
 
     # -- setup -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -106,17 +110,20 @@ class StepBuilder:
     def run(self, unit: Unit, after: bool = True) -> Idx:
         """The unit's body with every pass's hooks around it (outermost first before it);
         ``after=False`` leaves the after-hooks to the W action of a split backward."""
-        for p in reversed(self.passes):
-            p.before(unit)
+        for hook in self._before:
+            hook(unit)
         unit.out = self.tp.run(unit)
         if after:
-            for p in self.passes:
-                p.after(unit)
+            for hook in self._after:
+                hook(unit)
         return unit.out
 
-    @staticmethod
-    def ctx_of(action: Action) -> Ctx:
-        return Ctx("fwd" if action.phase == "F" else "bwd", mb=action.mb, chunk=action.chunk)
+    def ctx_of(self, action: Action) -> Ctx:
+        key = ("fwd" if action.phase == "F" else "bwd", action.mb, action.chunk)
+        ctx = self._ctxs.get(key)  # receive, compute and send label their ops alike
+        if ctx is None:
+            ctx = self._ctxs[key] = Ctx(key[0], mb=action.mb, chunk=action.chunk)
+        return ctx
 
     def receive(self, action: Action) -> Idx:
         """Post the recv of ``action``'s input (None where its chunk has none)."""

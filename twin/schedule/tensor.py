@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from twin.schedule import stamp
 from twin.schedule.asynctp import AsyncTP, GemmSpec
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.passes import EMBED, LAYER, Pass, Unit
@@ -70,6 +71,14 @@ class TensorParallel(Pass):
         self.deferred: list | None = None
         """Split backward (I then W): the weight-gradient ops held back for the W action, as
         (grads, name, emit); None: emitted in place."""
+        self.stamper = stamp.Stamper(out)
+        """Dense layer bodies recorded once and stamped after (twin/schedule/stamp.py)."""
+
+    def _stamps(self, ctx: Ctx) -> bool:
+        """Whether the layer's body may be stamped: a dense layer without context
+        parallelism, async TP or a split backward (those keep the generic code)."""
+        return stamp.ENABLED and self.cp is None and self.async_tp is None \
+            and self.deferred is None and (self.moe is None or not self.moe.is_moe(ctx.layer))
 
     # -- as a pass -------------------------------------------------------------------
     def run(self, unit: Unit) -> Idx:
@@ -172,6 +181,20 @@ class TensorParallel(Pass):
 
     # -- one layer -----------------------------------------------------------------
     def layer_forward(self, ctx: Ctx, x: Idx) -> Idx:
+        """The layer's forward (``_layer_forward``), stamped when it may be."""
+        if not self._stamps(ctx):
+            return self._layer_forward(ctx, x)
+        return self.stamper("layer", ctx, (x,), None, partial(self._layer_forward, ctx, x))
+
+    def layer_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int], *,
+                       recompute_attention: Idx = None) -> Idx:
+        """The layer's backward (``_layer_backward``), stamped when it may be."""
+        body = partial(self._layer_backward, ctx, g, grads, recompute_attention=recompute_attention)
+        if not self._stamps(ctx):
+            return body()
+        return self.stamper("layer", ctx, (g, recompute_attention), grads, body)
+
+    def _layer_forward(self, ctx: Ctx, x: Idx) -> Idx:
         """norm1, [AG], QKV, attention, out-proj, [AR|RS], residual, norm2, [AG], MLP, [AR|RS],
         residual."""
         b, n, lt = self.b, self.tokens, self.local_tokens
@@ -200,8 +223,8 @@ class TensorParallel(Pass):
                            [GemmSpec("fc2", self.h, self.f)])
         return b.elementwise(ctx, "resid2", lt * self.h, [x], tensors=3)
 
-    def layer_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int], *,
-                       recompute_attention: Idx = None) -> Idx:
+    def _layer_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int], *,
+                        recompute_attention: Idx = None) -> Idx:
         """The layer's backward in reverse order; dgrad before wgrad so the input-gradient
         all-reduce overlaps the weight gradient (Megatron). Fills ``grads`` with the op
         after which each local grad op's gradient is ready."""

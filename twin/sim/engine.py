@@ -228,8 +228,13 @@ class Simulation:
                     self.on_progress(self.ops_done)
             deps = ext_deps[i]
             if deps:
-                waits = [ev for ev in (self._event_of(rank, ops[d], evs, d) for d in deps)
-                         if not ev.triggered]
+                waits = []
+                for d in deps:
+                    ev = evs.get(d)
+                    if ev is None:  # a collective's: its rendezvous event (_event_of)
+                        ev = self._event_of(rank, ops[d], evs, d)
+                    if not ev.triggered:
+                        waits.append(ev)
                 if waits:
                     if pending:
                         yield env.timeout(pending)
@@ -249,7 +254,10 @@ class Simulation:
                         yield from self._sync(rank, s, host, evs)
                         now = env.now
                         t_s = synced[s]
-                    ready = max(issue[i], t_s + (issue[i] - issue[s]))
+                    h = issue[i]
+                    ready = t_s + (h - issue[s])
+                    if not ready > h:  # max(h, ready)
+                        ready = h
                 else:
                     ready = issue[i]
             for d in cross[i]:

@@ -95,12 +95,25 @@ def reduced_job(job: Job, microbatches: int) -> Job:
 
 
 @lru_cache(maxsize=1 << 18)
-def pieces(text: str, mb: int) -> tuple[str, ...]:
-    """``text`` split around its ``mb{mb}`` tokens: ``f"mb{new}".join(pieces)`` renames it."""
+def _split(text: str, mb: int) -> tuple[str, ...]:
     return tuple(re.split(rf"(?<![A-Za-z0-9_])mb{mb}(?![0-9])", text))
 
 
 _WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def pieces(text: str, mb: int) -> tuple[str, ...]:
+    """``text`` split around its ``mb{mb}`` tokens: ``f"mb{new}".join(pieces)`` renames it."""
+    tok = f"mb{mb}"
+    k = text.find(tok)
+    if k < 0:
+        return (text,)
+    end = k + len(tok)
+    if text.find(tok, end) < 0:  # one occurrence (most names): the pattern's test by hand
+        if (k and text[k - 1] in _WORD) or (end < len(text) and text[end] in "0123456789"):
+            return (text,)
+        return (text[:k], text[end:])
+    return _split(text, mb)
 
 
 def rename(text: str, mb: int, new: int) -> str:
@@ -116,23 +129,28 @@ def rename(text: str, mb: int, new: int) -> str:
         if (k and text[k - 1] in _WORD) or (end < len(text) and text[end] in "0123456789"):
             return text
         return f"{text[:k]}mb{new}{text[end:]}"
-    return f"mb{new}".join(pieces(text, mb))
+    return f"mb{new}".join(_split(text, mb))
 
 
 def counterparts(ops, d: int) -> np.ndarray:
     """Per op, the index of the same op d micro-batches later (-1: none, or no micro-batch)."""
     index = {op.name: i for i, op in enumerate(ops)}
+    get = index.get
     out = [-1] * len(ops)
+    phase, mb = None, -1  # the (phase, mb) of the op before: the next ops mostly share it
     for i, op in enumerate(ops):
-        mb = op.mb
-        if mb >= 0:
+        if op.mb >= 0:
+            if op.mb != mb or op.phase != phase:
+                phase, mb = op.phase, op.mb
+                head = f"{phase}/mb{mb}/"  # the builders' prefix (ProgramBuilder.emit)
+                moved, n, plain = f"{phase}/mb{mb + d}/", len(head), "mb" not in phase
             name = op.name
-            head = f"{op.phase}/mb{mb}/"  # the builders' prefix (ProgramBuilder.emit)
-            if name.startswith(head) and "mb" not in name[len(head):] and "mb" not in op.phase:
-                new = f"{op.phase}/mb{mb + d}/{name[len(head):]}"  # its only mb token
+            if plain and name.startswith(head):  # its mb token, then the rest's (if any)
+                rest = name[n:]
+                new = moved + rest if "mb" not in rest else moved + rename(rest, mb, mb + d)
             else:
                 new = rename(name, mb, mb + d)
-            out[i] = index.get(new, -1)
+            out[i] = get(new, -1)
     return np.array(out, dtype=np.int64)
 
 

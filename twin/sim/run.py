@@ -19,7 +19,7 @@ from twin.sim.engine import SimOptions, fold_classes
 from twin.sim.records import auto_fold, folded_shifts, unfolded_note
 from twin.sim.spans import TRACE_LEVELS, rank_spans, recorded_ranks
 from twin.sim.stats import step_figures
-from twin.sim.stepsim import Stepper, StepRun
+from twin.sim.stepsim import Stepper, StepRun, quiet_gc
 from twin.sim.whatif import check_options, warn_idle_links
 from twin.spec import ConfigError, Job
 from twin.spec.io import job_to_dict
@@ -222,9 +222,10 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
             shaped = run.path.shape_factor_s(cost, job.cluster.gpu)
             record = _recorded(job, run, trace, steps)
         run.sim = None  # the engine's state: done with (its arrays live on in the timelines)
-        for r in record:
-            spans.extend(rank_spans(r, run.programs[r].ops, run.lines[r], k, offset,
-                                    run.moved[r] if run.moved else None))
+        with quiet_gc():  # a collection among the new spans would walk every live op
+            for r in record:
+                spans.extend(rank_spans(r, run.programs[r].ops, run.lines[r], k, offset,
+                                        run.moved[r] if run.moved else None))
         step_times.append(run.step_s)
         ops += run.ops
         offset += run.step_s

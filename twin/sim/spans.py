@@ -57,18 +57,24 @@ def rank_spans(rank: int, ops, line: Timeline, step: int, offset_s: float,
     end = ((offset_s + line.end_s) * 1e6).tolist()
     shift = moved.tolist() if moved is not None else None
     parts: dict[int, tuple] = {}  # op -> its name and tag split around its micro-batch
+    fixed: dict[int, tuple] = {}  # op -> its span's fields as ``Span.of`` sets them
     for k, i in enumerate(line.idx.tolist()):
-        op = ops[i]
-        dmb = shift[k] if shift is not None and op.mb >= 0 else 0
+        f = fixed.get(i)
+        if f is None:
+            op = ops[i]
+            comm = op.is_collective or op.is_p2p
+            f = fixed[i] = (op.name, op.kind, op.stream, op.phase, op.layer, op.mb,
+                            op.group_name if comm else "", op.bytes, op.flops, op.category,
+                            op.peer, op.tag)
+        dmb = shift[k] if shift is not None and f[5] >= 0 else 0
         if not dmb:
-            yield Span.of(op, rank, step, start[k], end[k])
+            yield Span(rank, step, f[0], f[1], f[2], start[k], end[k], f[3], f[4], f[5], f[6],
+                       f[7], f[8], f[9], f[10], f[11])
             continue
         split = parts.get(i)
         if split is None:
-            split = parts[i] = (pieces(op.name, op.mb), pieces(op.tag, op.mb) if op.tag else None)
-        mb = op.mb + dmb
+            split = parts[i] = (pieces(f[0], f[5]), pieces(f[11], f[5]) if f[11] else None)
+        mb = f[5] + dmb
         token = f"mb{mb}"
-        comm = op.is_collective or op.is_p2p
-        yield Span(rank, step, token.join(split[0]), op.kind, op.stream, start[k], end[k],
-                   op.phase, op.layer, mb, op.group_name if comm else "", op.bytes, op.flops,
-                   op.category, op.peer, token.join(split[1]) if split[1] else op.tag)
+        yield Span(rank, step, token.join(split[0]), f[1], f[2], start[k], end[k], f[3], f[4],
+                   mb, f[6], f[7], f[8], f[9], f[10], token.join(split[1]) if split[1] else f[11])

@@ -46,9 +46,9 @@ def op_table(ops) -> OpTable:
     """The table of a program's ops (see OpTable); the span fields as ``Span.of`` sets them."""
     n = len(ops)
     kinds = [op.kind for op in ops]
-    compute = np.fromiter((k in COMPUTE_KINDS for k in kinds), bool, n)
-    memory = np.fromiter((k in MEMORY_KINDS for k in kinds), bool, n)
-    pipe_phase = np.fromiter((op.phase in PIPELINE_PHASES for op in ops), bool, n)
+    compute = np.array([k in COMPUTE_KINDS for k in kinds], dtype=bool).reshape(n)
+    memory = np.array([k in MEMORY_KINDS for k in kinds], dtype=bool).reshape(n)
+    pipe_phase = np.array([op.phase in PIPELINE_PHASES for op in ops], dtype=bool).reshape(n)
     names: dict[str, int] = {}
     group = np.full(n, -1, dtype=np.int64)
     pp = np.zeros(n, bool)
@@ -57,8 +57,8 @@ def op_table(ops) -> OpTable:
         role = op.group_name if op.kind in _CALLS else ""
         group[i] = names.setdefault(role or op.kind, len(names))
         pp[i] = role == "pp"
-    is_alloc = np.fromiter((k == "alloc" for k in kinds), bool, n)
-    nbytes = np.fromiter((op.bytes for op in ops), float, n)
+    is_alloc = np.array([k == "alloc" for k in kinds], dtype=bool).reshape(n)
+    nbytes = np.array([op.bytes for op in ops], dtype=float).reshape(n)
     mem_bytes = np.where(memory, np.where(is_alloc, nbytes, -nbytes), 0.0)
     timed = ~memory
     return OpTable(compute, timed, compute & pipe_phase, group, tuple(names),

@@ -1,0 +1,193 @@
+"""Stamped layer bodies (twin/schedule/stamp.py) build the programs the generic code builds,
+op for op and field for field, and the simulated steps take the same time."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+from tests.conftest import cluster, gpt
+from twin.schedule import stamp
+from twin.schedule.builder import build_schedule
+from twin.schedule.ir import Op
+from twin.sim.engine import SimOptions
+from twin.sim.fastforward import counterparts, pieces
+from twin.sim.run import simulate
+from twin.sim.spans import rank_spans
+from twin.spec import GPUSpec, ParallelPlan, build_job
+from twin.spec.moe import MoESpec
+from twin.trace import Span
+
+H100 = GPUSpec(name="H100", peak_tflops={"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0})
+MOE = dict(activation="swiglu", moe=MoESpec(num_experts=8, experts_per_token=2,
+                                            moe_ffn_hidden_size=512, first_k_dense=1))
+
+PLANS = {  # name: (plan, model overrides, GPUs)
+    "ddp": (dict(global_batch_size=16), {}, 4),
+    "zero1 sp tp2": (dict(tp=2, sp=True, zero_stage=1, global_batch_size=8), {}, 8),
+    "fsdp": (dict(zero_stage=3, global_batch_size=8), {}, 4),
+    "tp4 pp2 1f1b full": (dict(tp=4, pp=2, recompute="full", global_batch_size=8), {}, 8),
+    "interleaved selective gqa rope": (
+        dict(tp=2, pp=2, pp_schedule="interleaved", pp_virtual_stages=2, recompute="selective",
+             global_batch_size=16),
+        dict(num_kv_heads=2, position_embedding="rope", activation="swiglu"), 8),
+    "interleaved full sp": (
+        dict(tp=2, sp=True, pp=2, pp_schedule="interleaved", pp_virtual_stages=2,
+             recompute="full", global_batch_size=16), {}, 8),
+    "gpipe eager": (dict(pp=4, pp_schedule="gpipe", flash_attention=False, global_batch_size=8),
+                    {}, 4),
+    "moe ep2": (dict(ep=2, global_batch_size=8), MOE, 4),
+    "async tp": (dict(tp=4, sp=True, async_tp=True, compile=True, global_batch_size=4),
+                 dict(activation="swiglu"), 8),
+    "zb_h1": (dict(pp=2, pp_schedule="zb_h1", global_batch_size=16), {}, 4),
+    "zb_v full": (dict(pp=2, pp_schedule="zb_v", pp_virtual_stages=2, recompute="full",
+                       global_batch_size=16), {}, 4),
+    "fp8 tp2": (dict(tp=2, float8="tensorwise", recompute="full", global_batch_size=8), {}, 8),
+}
+
+
+def _job(name: str):
+    plan, model, gpus = PLANS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = cluster(gpus=gpus)
+        if plan.get("float8", "none") != "none":
+            spec = dataclasses.replace(spec, gpu=H100)
+        return build_job(gpt(**{"num_layers": 4, **model}), spec, ParallelPlan(**plan))
+
+
+@pytest.fixture
+def stamps(monkeypatch):
+    def use(on: bool) -> None:
+        monkeypatch.setattr(stamp, "ENABLED", on)
+    return use
+
+
+def _fields(op: Op) -> tuple:
+    return tuple(getattr(op, f.name) for f in dataclasses.fields(Op))
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_stamped_programs_are_the_generic_programs(name, stamps):
+    job = _job(name)
+    built = {}
+    for on in (True, False):
+        stamps(on)
+        built[on] = build_schedule(job).programs()
+    for rank, prog in built[False].items():
+        got = built[True][rank].ops
+        assert len(got) == len(prog.ops), rank
+        for a, b in zip(got, prog.ops):
+            assert type(a) is Op and _fields(a) == _fields(b), (rank, b.name)
+
+
+@pytest.mark.parametrize("name", ["tp4 pp2 1f1b full", "interleaved selective gqa rope",
+                                  "interleaved full sp", "moe ep2", "zb_v full", "fp8 tp2"])
+def test_stamped_programs_simulate_to_the_same_step(name, stamps):
+    job = _job(name)
+    times = {}
+    for on in (True, False):
+        stamps(on)
+        res = simulate(job, None, SimOptions(fold="auto"), trace="none")
+        times[on] = res.summary["step_time_s"]
+    assert times[True] == pytest.approx(times[False], rel=1e-12)
+
+
+def test_stamps_are_used():
+    job = _job("tp4 pp2 1f1b full")
+    from twin.schedule.step import StepBuilder
+
+    builder = StepBuilder(job, 0)
+    builder.build()
+    stamper = builder.tp.stamper
+    assert stamper.checked and all(stamper.templates[k] is not None for k in stamper.checked)
+
+
+def test_a_body_that_differs_from_its_stamp_stays_generic():
+    """A body whose ops depend on the micro-batch (no layer body does) fails the check of its
+    second occurrence and is built by the generic code from then on."""
+    from twin.schedule.emit import Ctx, ProgramBuilder
+    from twin.schedule.stamp import Stamper
+
+    b = ProgramBuilder(_job("ddp"), 0)
+    stamper = Stamper(b)
+
+    def body(ctx, x):
+        y = b.elementwise(ctx, "a", 8, [x])
+        return b.elementwise(ctx, "b", 8 * (1 + ctx.mb % 2), [y])
+
+    x = b.elementwise(Ctx("setup"), "x", 8, [])
+    for mb in range(4):
+        ctx = Ctx("fwd", mb=mb, layer=0)
+        stamper("t", ctx, (x,), None, lambda ctx=ctx: body(ctx, x))
+    assert [op.shape for op in b.ops[2::2]] == [(8,), (16,), (8,), (16,)]
+    assert all(t is None for t in stamper.templates.values())
+
+
+# -- the fast paths of the fast-forward and the trace, against their plain versions --------
+
+def _pieces_by_pattern(text: str, mb: int) -> tuple[str, ...]:
+    return tuple(re.split(rf"(?<![A-Za-z0-9_])mb{mb}(?![0-9])", text))
+
+
+@pytest.mark.parametrize("text", ["fwd/mb1/L0/qkv", "fwd/mb12/L0/qkv", "a_mb1", "xmb1/a", "mb1",
+                                  "mb1_x", "mb10mb1", "mb1/mb1", "fwd/mb1/L3/free.act.L3.mb12",
+                                  "", "nothing", "bwd/mb1/c0/alloc.act.L0.mb1"])
+def test_pieces_split_as_the_pattern_does(text):
+    for mb in (1, 12):
+        assert pieces(text, mb) == _pieces_by_pattern(text, mb)
+
+
+def _counterparts_by_pattern(ops, d: int) -> np.ndarray:
+    index = {op.name: i for i, op in enumerate(ops)}
+    return np.array([index.get(re.sub(rf"(?<![A-Za-z0-9_])mb{op.mb}(?![0-9])", f"mb{op.mb + d}",
+                                      op.name), -1) if op.mb >= 0 else -1 for op in ops])
+
+
+@pytest.mark.parametrize("name", ["interleaved full sp", "tp4 pp2 1f1b full", "zb_v full"])
+def test_counterparts_of_stamped_programs(name):
+    job = _job(name)
+    for prog in build_schedule(job).programs().values():
+        for d in (1, 2):
+            assert np.array_equal(counterparts(prog.ops, d), _counterparts_by_pattern(prog.ops, d))
+
+
+def _spans_by_span_of(rank, ops, line, step, offset_s, moved):
+    """twin.sim.spans.rank_spans as it was: Span.of, names renamed by the pattern."""
+    start = ((offset_s + line.start_s) * 1e6).tolist()
+    end = ((offset_s + line.end_s) * 1e6).tolist()
+    out = []
+    for k, i in enumerate(line.idx.tolist()):
+        op = ops[i]
+        dmb = int(moved[k]) if moved is not None and op.mb >= 0 else 0
+        span = Span.of(op, rank, step, start[k], end[k])
+        if dmb:
+            token = f"mb{op.mb + dmb}"
+            span = dataclasses.replace(span, op=token.join(_pieces_by_pattern(op.name, op.mb)),
+                                       mb=op.mb + dmb, tag=token.join(
+                                           _pieces_by_pattern(op.tag, op.mb)) if op.tag else op.tag)
+        out.append(span)
+    return out
+
+
+def test_spans_of_a_fast_forwarded_step_are_span_of_renamed():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        job = build_job(gpt(num_layers=4), cluster(1, 8), ParallelPlan(
+            tp=2, pp=2, pp_schedule="interleaved", pp_virtual_stages=2, recompute="full",
+            global_batch_size=64))
+    from twin.cost import default_cost_model
+    from twin.sim.engine import fold_classes
+    from twin.sim.stepsim import Stepper
+
+    classes = fold_classes(job, "all")
+    run = Stepper(job, default_cost_model(job.cluster), SimOptions(fold="all"), classes).step(0)
+    assert run.cut is not None  # fast-forwarded: spans renamed
+    for r, line in run.lines.items():
+        moved = run.moved[r]
+        got = list(rank_spans(r, run.programs[r].ops, line, 0, 0.5, moved))
+        assert got == _spans_by_span_of(r, run.programs[r].ops, line, 0, 0.5, moved)
