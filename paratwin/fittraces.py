@@ -73,7 +73,7 @@ def format_report(report: dict) -> str:
     gaps = report["host_gap_us"]
     into = next(iter(gaps.values()), {}).get("into", "-")
     lines.append(f"  host gap between ops (us, into {into}): "
-                 + (", ".join(f"{k} {v['mean_trimmed']:.0f}" for k, v in gaps.items()) or "none"))
+                 + (", ".join(f"{k} {v['step_mean']:.0f}" for k, v in gaps.items()) or "none"))
     lines += ["", "collectives (t = latency + S / bw; latency includes skew and hand-off):",
               f"  {'kind/link/n':<26} {'latency us':>11} {'bw GB/s':>9} {'pts':>4}"]
     for k, v in report["collectives"].items():
