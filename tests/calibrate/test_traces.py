@@ -156,6 +156,18 @@ def test_cli_fits_runs_and_prints_them_in_sample(tmp_path):
     assert CostModel.load(out).gemm.efficiency == pytest.approx(TRUE.gemm.efficiency, rel=0.02)
 
 
+def test_cli_prints_the_host_gaps_it_fitted(tmp_path):
+    """The text output names each kind's host gap (what a typical step pays per op)."""
+    dirs = [_write_run(tmp_path / f"h{h}", _job(h), gap_us=30.0) for h in (256, 512)]
+    proc = subprocess.run([sys.executable, "-m", "paratwin.main", "calibrate",
+                           f"traces=[{dirs[0]},{dirs[1]}]", f"out={tmp_path / 'p.yaml'}",
+                           f"out_dir={tmp_path / 'cal'}"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "host gap between ops" in x)
+    assert "gemm 30" in line, line
+
+
 def test_each_group_role_gets_its_own_fit_and_the_twin_prefers_it(tmp_path):
     """kind/intra/n@role fits (tp, dp, ...) beside the pooled one; a collective of that role
     is timed by its own fit, others by the pooled one."""
