@@ -22,7 +22,6 @@ adds the same time per micro-batch: T(m) = T(2p) + (m - 2p) (T(3p) - T(2p)) / p.
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 from twin.schedule.data import assign_buckets
@@ -152,21 +151,25 @@ def synced_pipeline_s(schedule: str, p: int, m: int, fs: list[float], bs: list[f
 def synced_reductions_s(job, comm, b: float, layers: int) -> float:
     """What one micro-batch's backward of a stage adds when its host waits at each exchange
     and its gradients are reduced every micro-batch (ZeRO-2, ``grad_sync=every``): after each
-    chunk's backward the host waits for the chunk's bucketed reductions (issued as its
-    gradients become ready, ``twin.schedule.data``): the last bucket, or all of them less the
-    chunk's backward when they take longer. ``b``: the stage's backward of one micro-batch
-    over its v chunks; ``layers``: the stage's layers."""
+    chunk's backward the host waits for the chunk's bucketed reductions (``twin.schedule.
+    data``: buckets in reverse registration order, each issued when its last gradient is
+    ready, one after another on the stream). A bucket's gradients are taken ready as the
+    backward has run the share of the chunk's parameters up to it; the wait is how far the
+    last reduction ends past the backward. ``b``: the stage's backward of one micro-batch over
+    its v chunks; ``layers``: the stage's layers."""
     par = job.parallel
     if not par.sync_every_microbatch or par.zero_stage not in (0, 1, 2) or par.dp * par.cp <= 1:
         return 0.0
     v = par.pp_virtual_stages
-    per_chunk = max(1, layers // v)
     e = job.model.dtype_bytes
-    tensors = [((i, t.name), t.numel) for i in range(per_chunk)
+    tensors = [((i, t.name), t.numel) for i in range(max(1, layers // v))
                for t in layer_tensors(job.model, par.tp)]
-    last = assign_buckets(tensors, e, par.ddp_bucket_MB)[-1].numel * e
     a, per_byte = comm.affine(job, "all_reduce" if par.zero_stage == 0 else "reduce_scatter",
                               dp_dims(par))
-    whole = sum(n for _, n in tensors) * e
-    buckets = max(1, math.ceil(whole / (par.ddp_bucket_MB * 1024 * 1024)))
-    return v * max(a + last * per_byte, buckets * a + whole * per_byte - b / v)
+    whole = sum(n for _, n in tensors)
+    chunk = b / v
+    done = end = 0.0
+    for bucket in assign_buckets(tensors, e, par.ddp_bucket_MB):
+        done += bucket.numel
+        end = max(end, chunk * done / whole) + a + bucket.numel * e * per_byte
+    return v * max(0.0, end - chunk)
