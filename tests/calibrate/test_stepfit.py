@@ -10,7 +10,18 @@ import numpy as np
 import pytest
 
 from tests.conftest import gpt
-from twin.calibrate.stepfit import FREE, fit_steps, predict, simulate_path, with_params
+from twin.calibrate import stepfit
+from twin.calibrate.stepfit import (
+    CPU_FREE,
+    CPU_STEP_FREE,
+    FREE,
+    ROBUST_ROWS,
+    fit_steps,
+    free_for,
+    predict,
+    simulate_path,
+    with_params,
+)
 from twin.cost import CostModel, KernelCost, shape_key
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import critical_path
@@ -166,3 +177,45 @@ def test_a_gemm_ceiling_holds_the_efficiency_and_fits_the_size_curve():
     assert fit.params["gemm.half_flops"] == pytest.approx(5e9, rel=0.3)
     with pytest.raises(ValueError, match="gemm_ceiling=1.5 must be a fraction of peak"):
         fit_steps(jobs, measured, TRUE, workers=1, gemm_ceiling=1.5)
+
+
+def test_a_fit_from_a_traces_profile_holds_the_kernels_the_traces_measured():
+    """A shared-CPU runs fit that starts from a traces profile frees what a real step adds
+    (each kind's cost per op, the optimizer, issuing collectives and send/recv), not the
+    kernels' efficiencies; from another start every CPU field is free."""
+    traced = CostModel(name="t", provenance={"source": "traces"},
+                       kernels_by_dtype={"fp32": CPU_TRUE_KERNELS})
+    assert free_for(CPU, base=traced) == CPU_STEP_FREE
+    assert free_for(CPU, base=dataclasses.replace(traced, provenance={})) == CPU_FREE
+    assert not any(f[1] == "efficiency" for f in CPU_STEP_FREE)
+    assert {f[0] for f in CPU_STEP_FREE if f[1] == "launch_us"} == {
+        "gemm", "attention", "elementwise", "optimizer"}
+    jobs = _cpu_jobs()[:6]
+    truth = CostModel(name="cpu-truth", core_share=True, base_latency_us=60.0,
+                      kernels_by_dtype={"fp32": CPU_TRUE_KERNELS})
+    measured = [p.step_s for p in predict(jobs, truth, 1)]
+    start = dataclasses.replace(truth, provenance={"source": "traces"},
+                                kernels_by_dtype={"fp32": {
+                                    k: dataclasses.replace(v, launch_us=v.launch_us / 3)
+                                    for k, v in CPU_TRUE_KERNELS.items()}})
+    fit = fit_steps(jobs, measured, start, workers=1)
+    assert "gemm.efficiency" not in fit.params and "gemm.launch_us" in fit.params
+    assert fit.cost.kernel("gemm", "fp32").efficiency == CPU_TRUE_KERNELS["gemm"].efficiency
+
+
+def test_few_runs_are_fitted_by_least_squares_many_robustly(monkeypatch):
+    """One run 40% slower than the model can explain: under least squares (few runs, each a
+    configuration of its own) the fit splits the difference; the robust loss of a large set
+    lets that run go and fits the others closer."""
+    jobs = _cpu_jobs()[:8]
+    truth = CostModel(name="cpu-truth", core_share=True, base_latency_us=60.0,
+                      kernels_by_dtype={"fp32": CPU_TRUE_KERNELS})
+    measured = [p.step_s for p in predict(jobs, truth, 1)]
+    measured[0] *= 1.4
+    err = {}
+    for label, rows in (("least_squares", ROBUST_ROWS), ("robust", 1)):
+        monkeypatch.setattr(stepfit, "ROBUST_ROWS", rows)
+        fit = fit_steps(jobs, measured, truth, workers=1)
+        err[label] = np.array([p.step_s for p in predict(jobs, fit.cost, 1)]) / np.array(measured) - 1
+    assert abs(err["least_squares"][0]) < abs(err["robust"][0])
+    assert np.median(np.abs(err["robust"][1:])) < np.median(np.abs(err["least_squares"][1:]))

@@ -76,6 +76,16 @@ CPU_FREE: tuple[tuple[str | None, str, float, float], ...] = (
     (None, "host_comm_us", 0.1, 5000.0),
     (None, "p2p_latency_us", 0.1, 5000.0),
 )
+CPU_STEP_FREE = tuple(f for f in CPU_FREE if f[0] in (None, "optimizer") or f[1] == "launch_us")
+"""A shared-CPU fit that starts from a traces profile (``calibrate traces=``: the same kernels,
+measured op by op): what a framework's real step adds to the replayed ops (each kind's cost
+per op, the eager optimizer, issuing collectives and send/recv), the kernels' efficiencies
+held as the traces measured them."""
+ROBUST_ROWS = 100
+"""From this many runs on, the fit's loss is robust (soft L1 beyond a 5% error: a large
+measured set has rows no cost model should chase); fewer are fitted by least squares, each
+run a configuration of its own (a robust loss lets a few runs' fit give up a whole paradigm:
+on this machine's PyTorch steps it gave DDP up at +73% to fit the others)."""
 PRIOR_WEIGHT = 0.05
 """Residual weight pulling each log-parameter towards its start (0.05: a factor e away
 costs as much as a 5% error on one run)."""
@@ -88,11 +98,14 @@ FOLD = "all"
 """Runs are simulated folded: copies along dp and tp are exact (tests/sim fold tests)."""
 
 
-def free_for(cluster: ClusterSpec, gemm_ceiling: bool = False) -> tuple:
-    """What a fit from step times frees on ``cluster``: CPU_FREE on shared-CPU ranks, else FREE;
-    with a ``gemm_ceiling`` the GEMMs' size curve (half_flops) instead of their efficiency."""
+def free_for(cluster: ClusterSpec, gemm_ceiling: bool = False, base: CostModel | None = None) -> tuple:
+    """What a fit from step times frees on ``cluster``: CPU_FREE on shared-CPU ranks (CPU_STEP_FREE
+    from a ``base`` fitted on traces), else FREE; with a ``gemm_ceiling`` the GEMMs' size curve
+    (half_flops) instead of their efficiency."""
     if cluster.intra.kind == "shared_cpu":
-        return CPU_FREE
+        traced = base is not None and isinstance(base.provenance, dict) and \
+            base.provenance.get("source") == "traces"
+        return CPU_STEP_FREE if traced else CPU_FREE
     if gemm_ceiling:
         return tuple(HALF_FLOPS if f[:2] == ("gemm", "efficiency") else f for f in FREE)
     return FREE
@@ -292,7 +305,7 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
             raise ValueError(f"gemm_ceiling={gemm_ceiling} must be a fraction of peak in (0, 1]")
         base = with_params(base, [float(gemm_ceiling), base.gemm.half_flops or HALF_FLOPS_START],
                            (("gemm", "efficiency", 0, 1), HALF_FLOPS), list(base.kernels_by_dtype))
-    free = free_for(jobs[0].cluster, gemm_ceiling is not None) if free is None else free
+    free = free_for(jobs[0].cluster, gemm_ceiling is not None, base) if free is None else free
     if shapes is None:
         shapes = jobs[0].cluster.intra.kind != "shared_cpu"
     dtypes = sorted({j.model.dtype for j in jobs})
@@ -348,7 +361,8 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
 
         x_init = np.clip(np.concatenate([x0, s0]), lo_all + 1e-9, hi_all - 1e-9)
         sol = least_squares(residuals, x_init, jac=jacobian, bounds=(lo_all, hi_all),
-                            loss="soft_l1", f_scale=0.05, x_scale=1.0, max_nfev=200)
+                            loss="soft_l1" if len(jobs) >= ROBUST_ROWS else "linear",
+                            f_scale=0.05, x_scale=1.0, max_nfev=200)
         x0 = sol.x[:g]
         factors.update(zip(keys, sol.x[g:].tolist()))
         cost = with_params(base, np.exp(x0), free, dtypes)
