@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import cluster, gpt
+from tests.sim.test_fast_paths import interleaved_job
 from twin.schedule import stamp
 from twin.schedule.builder import build_schedule
 from twin.schedule.ir import Op
@@ -175,11 +176,7 @@ def _spans_by_span_of(rank, ops, line, step, offset_s, moved):
 
 
 def test_spans_of_a_fast_forwarded_step_are_span_of_renamed():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        job = build_job(gpt(num_layers=4), cluster(1, 8), ParallelPlan(
-            tp=2, pp=2, pp_schedule="interleaved", pp_virtual_stages=2, recompute="full",
-            global_batch_size=64))
+    job = interleaved_job(64)
     from twin.cost import default_cost_model
     from twin.sim.engine import fold_classes
     from twin.sim.stepsim import Stepper

@@ -31,12 +31,17 @@ def test_rename_moves_the_micro_batch_token_as_the_pattern_does(text):
         assert rename(text, mb, new) == _by_pattern(text, mb, new)
 
 
-def test_counterparts_are_the_ops_renamed_d_micro_batches_on():
+def interleaved_job(global_batch_size: int):
+    """A small TP2 PP2 interleaved job with full recompute (its warnings silenced)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        job = build_job(gpt(num_layers=4), cluster(1, 8), ParallelPlan(
+        return build_job(gpt(num_layers=4), cluster(1, 8), ParallelPlan(
             tp=2, pp=2, pp_schedule="interleaved", pp_virtual_stages=2, recompute="full",
-            global_batch_size=32))
+            global_batch_size=global_batch_size))
+
+
+def test_counterparts_are_the_ops_renamed_d_micro_batches_on():
+    job = interleaved_job(32)
     for rank in (0, 2):
         ops = build_schedule(job).program(rank).ops
         index = {op.name: i for i, op in enumerate(ops)}
