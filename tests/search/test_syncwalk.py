@@ -15,7 +15,7 @@ from twin.search.check import simulate_candidate
 from twin.search.estimate import Estimator
 from twin.search.memory import SearchJob
 from twin.search.run import Candidate
-from twin.search.syncwalk import synced_pipeline_s, walk_sync
+from twin.search.syncwalk import STEADY, synced_pipeline_s, walk_sync
 from twin.spec import ParallelPlan, build_job
 
 SPLIT = ["zb_h1", "zb_v", "dualpipev"]
@@ -50,12 +50,16 @@ def test_waiting_at_the_exchanges_only_adds_time(schedule):
 
 
 @pytest.mark.parametrize("schedule", SPLIT)
-def test_the_steady_state_extends_by_arithmetic(schedule):
-    """Past 3p micro-batches the walk of 2p and 3p is extended linearly; it matches the walk
-    of all 6p."""
-    p, f, b, w, c = 4, 1.0, 2.0, 0.8, 0.05
-    assert synced_pipeline_s(schedule, p, 6 * p, [f] * p, [b] * p, [w] * p, c) == \
-        pytest.approx(walk_sync(schedule, p, 6 * p, f, b, w, c), rel=0.02)
+@pytest.mark.parametrize("p,m", [(4, 24), (8, 41)])
+def test_the_steady_state_extends_by_arithmetic(schedule, p, m):
+    """Past 2p + STEADY micro-batches the walks of 2p and 2p + STEADY are extended linearly;
+    that matches the walk of all m, end stages heavier than the rest included."""
+    fs = [1.3] + [1.0] * (p - 2) + [1.1]
+    bs = [2.2] + [2.0] * (p - 2) + [2.6]
+    ws = [0.8] * p
+    assert m > 2 * p + STEADY
+    assert synced_pipeline_s(schedule, p, m, fs, bs, ws, 0.05) == \
+        pytest.approx(walk_sync(schedule, p, m, fs, bs, ws, 0.05), rel=0.02)
 
 
 @pytest.mark.filterwarnings("ignore")

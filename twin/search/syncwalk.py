@@ -16,19 +16,19 @@ transfer runs from max(the send's compute end, both hosts' posting times) for c;
 the stage's device and host clock to the end of everything it waits for. Stages advance
 round-robin as far as what their peers have done allows. Like the tables' bubble it is
 homogeneous in the times, so each (schedule, p, m', the stages' times and c over the
-largest forward) is walked once (ratios binned by 2%), and past m = 3p the steady state
-adds the same time per micro-batch: T(m) = T(2p) + (m - 2p) (T(3p) - T(2p)) / p.
+largest forward) is walked once (ratios binned by 4%, ``COARSE``), and past m = 2p + 4 the
+steady state adds the same time per micro-batch: T(m) = T(2p) + (m - 2p) (T(2p + 4) - T(2p)) / 4.
 """
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from twin.schedule.data import assign_buckets
 from twin.schedule.pipeline import V_SCHEDULES, chunk_stage, placement_style
 from twin.schedule.tables import stage_table
 from twin.schedule.zerobubble import post_recvs
-from twin.search.bubble import _bin
 from twin.workload.context import dp_dims
 from twin.workload.params import layer_tensors
 
@@ -132,20 +132,33 @@ def _unit_makespan(schedule: str, p: int, m: int, fs: tuple, bs: tuple, ws: tupl
     return walk_sync(schedule, p, m, fs, bs, ws, c)
 
 
+STEADY = 4
+"""Micro-batches past 2p walked to measure the steady state's time per micro-batch."""
+COARSE = math.log(1.04)
+C_STEP = 0.002
+"""The walk's cache key: each stage's times over the largest forward on a geometric grid of 4%
+steps, the transfer on steps of 0.2% of it (a search meets thousands of plans whose stages
+differ by less: each walk of p = 64 stages takes milliseconds)."""
+
+
+def _coarse(x: float) -> float:
+    return math.exp(round(math.log(x) / COARSE) * COARSE) if x > 0 else 0.0
+
+
 def synced_pipeline_s(schedule: str, p: int, m: int, fs: list[float], bs: list[float],
                       ws: list[float], c: float) -> float:
     """First forward to last backward of a host-synced split-backward pipeline (per stage
     one micro-batch's forward, backward and its weight-gradient part, without exchanges; c
-    one transfer). The times are scaled by the largest forward and binned (``_bin``)."""
+    one transfer). The times are scaled by the largest forward and binned (``_coarse``)."""
     f = max(fs)
     if f <= 0:
         return 0.0
-    key = (tuple(_bin(x / f) for x in fs), tuple(_bin(x / f) for x in bs),
-           tuple(_bin(min(x, y) / f) for x, y in zip(ws, bs)), _bin(c / f))
-    if m <= 3 * p:
+    key = (tuple(_coarse(x / f) for x in fs), tuple(_coarse(x / f) for x in bs),
+           tuple(_coarse(min(x, y) / f) for x, y in zip(ws, bs)), round(c / f / C_STEP) * C_STEP)
+    if m <= 2 * p + STEADY:
         return f * _unit_makespan(schedule, p, m, *key)
-    t2, t3 = (_unit_makespan(schedule, p, k * p, *key) for k in (2, 3))
-    return f * (t2 + (m - 2 * p) * (t3 - t2) / p)
+    t0, t1 = (_unit_makespan(schedule, p, 2 * p + k, *key) for k in (0, STEADY))
+    return f * (t0 + (m - 2 * p) * (t1 - t0) / STEADY)
 
 
 def synced_reductions_s(job, comm, b: float, layers: int) -> float:
@@ -162,14 +175,20 @@ def synced_reductions_s(job, comm, b: float, layers: int) -> float:
         return 0.0
     v = par.pp_virtual_stages
     e = job.model.dtype_bytes
-    tensors = [((i, t.name), t.numel) for i in range(max(1, layers // v))
-               for t in layer_tensors(job.model, par.tp)]
+    sizes = _bucket_sizes(job.model, par.tp, max(1, layers // v), e, par.ddp_bucket_MB)
     a, per_byte = comm.affine(job, "all_reduce" if par.zero_stage == 0 else "reduce_scatter",
                               dp_dims(par))
-    whole = sum(n for _, n in tensors)
+    whole = sum(sizes)
     chunk = b / v
     done = end = 0.0
-    for bucket in assign_buckets(tensors, e, par.ddp_bucket_MB):
-        done += bucket.numel
-        end = max(end, chunk * done / whole) + a + bucket.numel * e * per_byte
+    for numel in sizes:
+        done += numel
+        end = max(end, chunk * done / whole) + a + numel * e * per_byte
     return v * max(0.0, end - chunk)
+
+
+@lru_cache(maxsize=1024)
+def _bucket_sizes(model, tp: int, layers: int, e: int, cap_MB: float) -> tuple[int, ...]:
+    """Elements per gradient bucket of ``layers`` layers, in the order they are issued."""
+    tensors = [((i, t.name), t.numel) for i in range(layers) for t in layer_tensors(model, tp)]
+    return tuple(b.numel for b in assign_buckets(tensors, e, cap_MB))
