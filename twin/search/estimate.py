@@ -166,7 +166,8 @@ class Estimator:
         tp = tuple(self.comm.split(job, k, "tp") for k in ("all_reduce", "all_gather",
                                                           "reduce_scatter")) if p.tp > 1 else ()
         own: tuple = ()  # the expert and CP groups' closed forms (not the whole grid)
-        if has_expert_groups(job.model, p):
+        if job.model.moe is not None:  # the experts' groups (with ep = 1 too: the expert
+            # grid's etp groups need not be the dense tp groups)
             own = (p.ep, p.expert_tp, self.comm.split(job, "all_to_all", "ep"),
                    *(self.comm.split(job, k, "etp") for k in ("all_gather", "reduce_scatter")))
         if p.cp > 1:
