@@ -153,6 +153,25 @@ def dualpipev(p: int, m: int, stage: int) -> list[Action]:
     return out
 
 
+def input_chunk(a: Action, last: int) -> int | None:
+    """The chunk ``a``'s input comes from (``last``: the last chunk), None: none."""
+    if a.phase == "F":
+        return a.chunk - 1 if a.chunk > 0 else None
+    return a.chunk + 1 if a.phase in ("B", "I") and a.chunk < last else None
+
+
+def output_chunk(a: Action, last: int) -> int | None:
+    """The chunk ``a``'s output goes to, None: none."""
+    if a.phase == "F":
+        return a.chunk + 1 if a.chunk < last else None
+    return a.chunk - 1 if a.phase in ("B", "I") and a.chunk > 0 else None
+
+
+def transfer_key(a: Action) -> tuple[str, int, int]:
+    """What ``a`` receives: (F an activation or G a gradient, micro-batch, its chunk)."""
+    return ("F" if a.phase == "F" else "G", a.mb, a.chunk)
+
+
 def post_recvs(orders: list[list[Action]], placement: tuple[int, ...]) -> list[list[tuple[str, Action]]]:
     """Each stage's table with the points where it posts its recvs: items ("recv", consumer)
     or ("act", action), as torch 2.13's runtime lowers a compute-only table
@@ -165,18 +184,13 @@ def post_recvs(orders: list[list[Action]], placement: tuple[int, ...]) -> list[l
     have: list[set[tuple[str, int, int]]] = [set() for _ in orders]  # inputs a stage holds
     pos = [0] * len(orders)
 
-    def source(a: Action) -> int | None:  # the chunk a's input comes from
-        if a.phase == "F":
-            return a.chunk - 1 if a.chunk > 0 else None
-        return a.chunk + 1 if a.phase in ("B", "I") and a.chunk < last else None
+    def source(a: Action) -> int | None:
+        return input_chunk(a, last)
 
-    def dest(a: Action) -> int | None:  # the chunk a's output goes to
-        if a.phase == "F":
-            return a.chunk + 1 if a.chunk < last else None
-        return a.chunk - 1 if a.phase in ("B", "I") and a.chunk > 0 else None
+    def dest(a: Action) -> int | None:
+        return output_chunk(a, last)
 
-    def key(a: Action) -> tuple[str, int, int]:
-        return ("F" if a.phase == "F" else "G", a.mb, a.chunk)
+    key = transfer_key
 
     while any(pos[s] < len(o) for s, o in enumerate(orders)):
         progressed = False

@@ -28,7 +28,7 @@ from functools import lru_cache
 from twin.schedule.data import assign_buckets
 from twin.schedule.pipeline import V_SCHEDULES, chunk_stage, placement_style
 from twin.schedule.tables import stage_table
-from twin.schedule.zerobubble import post_recvs
+from twin.schedule.zerobubble import input_chunk, output_chunk, post_recvs, transfer_key
 from twin.workload.context import dp_dims
 from twin.workload.params import layer_tensors
 
@@ -38,9 +38,10 @@ Key = tuple[str, int, int]
 
 @lru_cache(maxsize=64)
 def _programs(schedule: str, p: int, m: int) -> tuple[tuple[tuple, ...], ...]:
-    """Per stage, its ops in program order: ("c", phase, input key or None, pairs) for
-    compute (an overlapped pair is one op of both phases), ("s", key), ("r", key), and
-    ("y",) where the host syncs (after each run of consecutive sends and recvs)."""
+    """Per stage, its ops in program order: ("c", phase, the remote input's key or None) for
+    each action (an overlapped pair's two in turn, as the twin lowers them), ("s", key),
+    ("r", key), and ("y",) where the host syncs (after each run of consecutive sends and
+    recvs)."""
     v = 2 if schedule in V_SCHEDULES else 1
     placement = tuple(chunk_stage(c, p, placement_style(schedule)) for c in range(p * v))
     orders = [stage_table(schedule, p, m, s, v) for s in range(p)]
@@ -50,18 +51,13 @@ def _programs(schedule: str, p: int, m: int) -> tuple[tuple[tuple, ...], ...]:
         ops: list[tuple] = []
         for kind, a in items:
             if kind == "recv":
-                ops.append(("r", ("F" if a.phase == "F" else "G", a.mb, a.chunk)))
+                ops.append(("r", transfer_key(a)))
                 continue
-            src = (a.chunk - 1 if a.phase == "F" and a.chunk > 0 else
-                   a.chunk + 1 if a.phase in ("B", "I") and a.chunk < last else None)
-            need = None
-            if src is not None and placement[src] != s:
-                need = ("F" if a.phase == "F" else "G", a.mb, a.chunk)
-            ops.append(("c", a.phase, need))
-            dst = (a.chunk + 1 if a.phase == "F" and a.chunk < last else
-                   a.chunk - 1 if a.phase in ("B", "I") and a.chunk > 0 else None)
+            src, dst = input_chunk(a, last), output_chunk(a, last)
+            remote = src is not None and placement[src] != s
+            ops.append(("c", a.phase, transfer_key(a) if remote else None))
             if dst is not None and placement[dst] != s:
-                ops.append(("s", ("F" if a.phase == "F" else "G", a.mb, dst)))
+                ops.append(("s", transfer_key(a._replace(chunk=dst))))
         synced: list[tuple] = []
         for i, op in enumerate(ops):
             synced.append(op)
