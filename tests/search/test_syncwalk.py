@@ -50,6 +50,19 @@ def test_waiting_at_the_exchanges_only_adds_time(schedule):
 
 
 @pytest.mark.parametrize("schedule", SPLIT)
+def test_reductions_past_the_weight_pass_hold_only_a_waiting_host(schedule):
+    """Buckets still reducing after a W (or a whole B) hold the host's next sync: more time
+    the longer they run, none for a host that never waits, none when they end with W."""
+    f, b, w, c = 1.0, 2.0, 0.8, 0.05
+    synced = walk_sync(schedule, 4, 12, f, b, w, c)
+    assert walk_sync(schedule, 4, 12, f, b, w, c, r=0.0) == synced
+    assert walk_sync(schedule, 4, 12, f, b, w, c, sync=False, r=0.5) == \
+        walk_sync(schedule, 4, 12, f, b, w, c, sync=False)
+    short, long = (walk_sync(schedule, 4, 12, f, b, w, c, r=r) for r in (0.2, 0.6))
+    assert synced < short < long
+
+
+@pytest.mark.parametrize("schedule", SPLIT)
 @pytest.mark.parametrize("p,m", [(4, 24), (8, 41)])
 def test_the_steady_state_extends_by_arithmetic(schedule, p, m):
     """Past 2p + STEADY micro-batches the walks of 2p and 2p + STEADY are extended linearly;
@@ -83,11 +96,17 @@ def test_the_estimate_prices_a_waiting_host_as_the_twin():
                  global_batch_size=64),
     ParallelPlan(pp=2, zero_stage=2, global_batch_size=64),
     ParallelPlan(pp=2, grad_sync="every", global_batch_size=64),
-], ids=["interleaved_zero2", "1f1b_zero2", "1f1b_ddp_every_microbatch"])
+    ParallelPlan(pp=4, pp_schedule="zb_h1", zero_stage=1, grad_sync="every", global_batch_size=64),
+    ParallelPlan(pp=4, pp_schedule="zb_v", pp_virtual_stages=2, zero_stage=1, grad_sync="every",
+                 global_batch_size=64),
+], ids=["interleaved_zero2", "1f1b_zero2", "1f1b_ddp_every_microbatch", "zb_h1_every_microbatch",
+        "zb_v_every_microbatch"])
 def test_a_waiting_host_waits_for_each_micro_batchs_reductions(plan):
     """Gradients reduced every micro-batch (ZeRO-2, grad_sync=every) under p2p_host_sync: the
     host waits at each exchange for the chunk's buckets, which the estimate adds per chunk
-    (the last bucket, or the excess over the backward; 12-22% too fast without it)."""
+    (the last bucket, or the excess over the backward; 12-22% too fast without it); under a
+    split backward the W pass makes the gradients and the walk waits for its buckets at the
+    next exchange (ZB-H1: 5.3% too fast without it)."""
     cost = dataclasses.replace(default_cost_model(H100x2), p2p_host_sync=True)
     job = build_job(MODEL, H100x2, plan)
     e = Estimator(cost)(SearchJob(model=MODEL, cluster=H100x2, parallel=job.parallel))

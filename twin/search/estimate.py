@@ -225,7 +225,7 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
         for r in reps:
             lf[r] = _beside(u[f"layer_fwd@{r}"], [(ag_split, unit_bytes)])
             lb[r] = _beside(u[f"layer_bwd@{r}"], parts)
-    fs, bs, ws = [], [], []
+    fs, bs, ws, rs = [], [], [], []  # rs: a split backward's reductions past W (synced)
     for s in range(p):
         n = shape.layers[s]
         f = sum(k * lf[r] for r, k in classes[s])
@@ -246,7 +246,9 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
             b += v * ag if par.fsdp_reshard_after_forward else 0.0
         if sync:  # the host issues each chunk after the exchange before it has finished,
             # and waits there for reductions issued beside its backward
-            if par.pp_schedule not in SPLIT_SCHEDULES:
+            if par.pp_schedule in SPLIT_SCHEDULES:  # W makes the gradients: walked
+                rs.append(synced_reductions_s(job, comm, w, n))
+            else:
                 b += synced_reductions_s(job, comm, b, n)
             f += v * u["layer_fwd"].first_host_s
             b += v * u["layer_bwd"].first_host_s
@@ -255,7 +257,7 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
         ws.append(w)
     exposed = {"tp": sum(k * (u[f"layer_fwd@{r}"].exposed_comm_s
                               + u[f"layer_bwd@{r}"].exposed_comm_s) for r, k in classes[0])}
-    return fs, bs, ws, exposed
+    return fs, bs, ws, rs, exposed
 
 
 def _shard_group(par) -> str:
@@ -361,7 +363,7 @@ def estimate(job: Job, est: Estimator) -> Estimate:
     p, v, m = par.pp, par.pp_virtual_stages, par.num_microbatches
     u = est.units(job)
     shape = est.shape(job)
-    fs, bs, ws, exposed = _stage_times(job, est, u, shape)
+    fs, bs, ws, rs, exposed = _stage_times(job, est, u, shape)
     c = 0.0
     if p > 1:
         nbytes = model.dtype_bytes * par.micro_batch_size * model.seq_len * model.hidden_size \
@@ -380,7 +382,7 @@ def estimate(job: Job, est: Estimator) -> Estimate:
     half = hops[worst] * c / 2
     if est.cost.p2p_host_sync and p > 1 and par.pp_schedule in SPLIT_SCHEDULES \
             and par.pp_schedule_csv is None:  # the host waits at each exchange
-        pipe = synced_pipeline_s(par.pp_schedule, p, m, fs, bs, ws, c)
+        pipe = synced_pipeline_s(par.pp_schedule, p, m, fs, bs, ws, c, rs)
     else:
         pipe = pipeline_s(par.pp_schedule, p, v, m, w, fs[worst] + half, bs[worst] + half,
                           ws[worst])

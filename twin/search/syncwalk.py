@@ -67,15 +67,20 @@ def _programs(schedule: str, p: int, m: int) -> tuple[tuple[tuple, ...], ...]:
     return tuple(out)
 
 
-def walk_sync(schedule: str, p: int, m: int, f, b, w, c: float, sync: bool = True) -> float:
+def walk_sync(schedule: str, p: int, m: int, f, b, w, c: float, sync: bool = True,
+              r=0.0) -> float:
     """The makespan of ``schedule``'s lowered tables under host syncs (module docstring);
     ``f``, ``b``, ``w``: one micro-batch's forward, backward and its weight-gradient part,
-    per stage (sequences) or the same on every stage; ``sync=False``: a host that never
-    waits (the tables' own walk, transfers included)."""
+    per stage (sequences) or the same on every stage; ``r``: how far the gradient reductions
+    a micro-batch's W passes issue (gradients reduced every micro-batch) run past them, which
+    the host's next sync waits for (``synced_reductions_s``); ``sync=False``: a host that
+    never waits (the tables' own walk, transfers included)."""
     v = 2 if schedule in V_SCHEDULES else 1
-    per = [tuple(x) if isinstance(x, (tuple, list)) else (x,) * p for x in (f, b, w)]
+    per = [tuple(x) if isinstance(x, (tuple, list)) else (x,) * p for x in (f, b, w, r)]
     dur = [{"F": fs / v, "B": bs / v, "I": (bs - ws) / v, "W": ws / v}
-           for fs, bs, ws in zip(*per)]
+           for fs, bs, ws, _ in zip(*per)]
+    tail = [rs / v for rs in per[3]]
+    reduced = [0.0] * p  # when the reductions issued after each W end
     programs = _programs(schedule, p, m)
     ready: dict[Key, float] = {}  # the send's compute end and its host's issue
     posted: dict[Key, float] = {}  # when the recv's host posted it
@@ -102,6 +107,8 @@ def walk_sync(schedule: str, p: int, m: int, f, b, w, c: float, sync: bool = Tru
                             break
                         start = max(start, got)
                     dev[s] = start + dur[s][op[1]]
+                    if op[1] in "BW" and tail[s]:  # its buckets, after those before them
+                        reduced[s] = max(reduced[s], dev[s]) + tail[s]
                 elif op[0] == "s":
                     ready[op[1]] = max(dev[s], host[s])
                     run[s].append(op[1])
@@ -112,7 +119,7 @@ def walk_sync(schedule: str, p: int, m: int, f, b, w, c: float, sync: bool = Tru
                     ends = [arrival(k) for k in run[s]]
                     if any(e is None for e in ends):
                         break
-                    host[s] = dev[s] = max([dev[s], *ends])
+                    host[s] = dev[s] = max([dev[s], reduced[s], *ends])
                     run[s] = []
                 pos[s] += 1
                 progressed = True
@@ -124,8 +131,8 @@ def walk_sync(schedule: str, p: int, m: int, f, b, w, c: float, sync: bool = Tru
 
 @lru_cache(maxsize=4096)
 def _unit_makespan(schedule: str, p: int, m: int, fs: tuple, bs: tuple, ws: tuple,
-                   c: float) -> float:
-    return walk_sync(schedule, p, m, fs, bs, ws, c)
+                   c: float, rs: tuple) -> float:
+    return walk_sync(schedule, p, m, fs, bs, ws, c, r=rs)
 
 
 STEADY = 4
@@ -142,15 +149,17 @@ def _coarse(x: float) -> float:
 
 
 def synced_pipeline_s(schedule: str, p: int, m: int, fs: list[float], bs: list[float],
-                      ws: list[float], c: float) -> float:
+                      ws: list[float], c: float, rs: list[float] | None = None) -> float:
     """First forward to last backward of a host-synced split-backward pipeline (per stage
     one micro-batch's forward, backward and its weight-gradient part, without exchanges; c
-    one transfer). The times are scaled by the largest forward and binned (``_coarse``)."""
+    one transfer; ``rs`` its reductions' excess past W, walk_sync's ``r``). The times are
+    scaled by the largest forward and binned (``_coarse``)."""
     f = max(fs)
     if f <= 0:
         return 0.0
     key = (tuple(_coarse(x / f) for x in fs), tuple(_coarse(x / f) for x in bs),
-           tuple(_coarse(min(x, y) / f) for x, y in zip(ws, bs)), round(c / f / C_STEP) * C_STEP)
+           tuple(_coarse(min(x, y) / f) for x, y in zip(ws, bs)), round(c / f / C_STEP) * C_STEP,
+           tuple(_coarse(x / f) for x in rs or [0.0] * len(fs)))
     if m <= 2 * p + STEADY:
         return f * _unit_makespan(schedule, p, m, *key)
     t0, t1 = (_unit_makespan(schedule, p, 2 * p + k, *key) for k in (0, STEADY))
@@ -160,7 +169,8 @@ def synced_pipeline_s(schedule: str, p: int, m: int, fs: list[float], bs: list[f
 def synced_reductions_s(job, comm, b: float, layers: int) -> float:
     """What one micro-batch's backward of a stage adds when its host waits at each exchange
     and its gradients are reduced every micro-batch (ZeRO-2, ``grad_sync=every``): after each
-    chunk's backward the host waits for the chunk's bucketed reductions (``twin.schedule.
+    chunk's backward (``b``: a split backward's W) the host waits for the chunk's bucketed
+    reductions (``twin.schedule.
     data``: buckets in reverse registration order, each issued when its last gradient is
     ready, one after another on the stream). A bucket's gradients are taken ready as the
     backward has run the share of the chunk's parameters up to it; the wait is how far the
