@@ -168,22 +168,27 @@ def synced_pipeline_s(schedule: str, p: int, m: int, fs: list[float], bs: list[f
 
 def synced_reductions_s(job, comm, b: float, layers: int) -> float:
     """What one micro-batch's backward of a stage adds when its host waits at each exchange
-    and its gradients are reduced every micro-batch (ZeRO-2, ``grad_sync=every``): after each
-    chunk's backward (``b``: a split backward's W) the host waits for the chunk's bucketed
-    reductions (``twin.schedule.
-    data``: buckets in reverse registration order, each issued when its last gradient is
-    ready, one after another on the stream). A bucket's gradients are taken ready as the
-    backward has run the share of the chunk's parameters up to it; the wait is how far the
-    last reduction ends past the backward. ``b``: the stage's backward of one micro-batch over
-    its v chunks; ``layers``: the stage's layers."""
+    and its gradients are reduced every micro-batch (ZeRO-2, FSDP, ``grad_sync=every``):
+    after each chunk's backward the host waits for the chunk's reductions, issued one after
+    another on the stream: DDP's and ZeRO's buckets (``twin.schedule.data``: in reverse
+    registration order, each when its last gradient is ready), FSDP's reduce-scatter of each
+    layer. A reduction's gradients are taken ready as the backward has run the share of the
+    chunk's parameters up to it; the wait is how far the last reduction ends past the
+    backward. ``b``: the stage's backward of one micro-batch over its v chunks (a split
+    backward's W pass, which makes the gradients); ``layers``: the stage's layers."""
     par = job.parallel
-    if not par.sync_every_microbatch or par.zero_stage not in (0, 1, 2) or par.dp * par.cp <= 1:
+    if not par.sync_every_microbatch or par.dp * par.cp <= 1:
         return 0.0
     v = par.pp_virtual_stages
     e = job.model.dtype_bytes
-    sizes = _bucket_sizes(job.model, par.tp, max(1, layers // v), e, par.ddp_bucket_MB)
+    group = dp_dims(par)
+    if par.zero_stage == 3:  # FSDP: each layer (its unit) reduce-scattered over its shard group
+        sizes = (sum(t.numel for t in layer_tensors(job.model, par.tp)),) * max(1, layers // v)
+        group = "dp_shard" if par.dp_replicate > 1 else group
+    else:
+        sizes = _bucket_sizes(job.model, par.tp, max(1, layers // v), e, par.ddp_bucket_MB)
     a, per_byte = comm.affine(job, "all_reduce" if par.zero_stage == 0 else "reduce_scatter",
-                              dp_dims(par))
+                              group)
     whole = sum(sizes)
     chunk = b / v
     done = end = 0.0
