@@ -36,7 +36,6 @@ group (``edp``) after the dense buckets on the same stream.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from twin.cost import CostModel
@@ -45,6 +44,7 @@ from twin.schedule.emit import Ctx, ProgramBuilder
 from twin.schedule.ir import Op
 from twin.schedule.pipeline import SPLIT_SCHEDULES, V_SCHEDULES
 from twin.search.bubble import pipeline_s
+from twin.search.buckets import calls
 from twin.search.comm import CommModel, together_s
 from twin.search.syncwalk import synced_pipeline_s, synced_reductions_s
 from twin.search.units import Timing, layer_classes, unit_timings
@@ -266,10 +266,10 @@ def _shard_group(par) -> str:
 
 
 def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: float,
-             experts: int = 0) -> float:
+             experts: int = 0, layers: int = 0) -> float:
     """Data-parallel gradient communication of a stage (``params`` its parameters, of which
-    ``experts`` reduced over edp; ``unit`` the bytes of one layer) left after its last
-    backward."""
+    ``experts`` reduced over edp; ``unit`` the bytes of one of its ``layers`` layers) left
+    after its last backward."""
     par, comm = job.parallel, est.comm
     m = par.num_microbatches
     if par.dp * par.cp <= 1 and not experts:
@@ -297,7 +297,7 @@ def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: fl
                 or (grp != "edp" and par.dp * par.cp == 1):
             continue
         a, per_byte = comm.affine(job, kind, grp)
-        whole += max(1, math.ceil(nbytes / cap)) * a + nbytes * per_byte
+        whole += calls(job, layers, nbytes, grp == "edp") * a + nbytes * per_byte
         last = a + min(cap, nbytes) * per_byte  # the expert buckets come after the dense
     if par.sync_every_microbatch:
         return max(last, m * whole - (m - 1) * (f + b) - b)
@@ -314,10 +314,10 @@ def _tail(job: Job, est: Estimator, fs: list, bs: list, c: float, shape: Shape) 
     experts = shape.experts or (0,) * p
     for s in range(p):  # a later stage ends its backwards earlier (the drain runs to stage
         # 0; in a V too: chunk 0's backward is the last, on stage 0)
-        key = (fs[s], bs[s], shape.params[s], experts[s])
+        key = (fs[s], bs[s], shape.params[s], experts[s], shape.layers[s])
         if key not in tails:
             tails[key] = _dp_tail(job, est, fs[s], bs[s], shape.params[s], shape.unit_bytes,
-                                  experts[s])
+                                  experts[s], shape.layers[s])
         dp_tail = max(dp_tail, tails[key] - offset)
         offset += bs[s] / v + c
     rest = 0.0
@@ -339,11 +339,10 @@ def _tail(job: Job, est: Estimator, fs: list, bs: list, c: float, shape: Shape) 
         else params
     rest += est.step_end_s(job, local)
     if par.zero_stage in (1, 2) and par.dp * par.cp > 1:
-        cap = par.ddp_bucket_MB * MIB
         for grp, nbytes in ((dp_dims(par), (params - ex) * e), ("edp", ex * e)):
             if nbytes > 0 and (grp != "edp" or edp > 1):
                 a, b = comm.affine(job, "all_gather", grp)
-                rest += max(1, math.ceil(nbytes / cap)) * a + nbytes * b
+                rest += calls(job, shape.layers[s_max], nbytes, grp == "edp") * a + nbytes * b
     return dp_tail, rest
 
 

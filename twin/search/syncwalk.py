@@ -25,10 +25,10 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from twin.schedule.data import assign_buckets
 from twin.schedule.pipeline import V_SCHEDULES, chunk_stage, placement_style
 from twin.schedule.tables import stage_table
 from twin.schedule.zerobubble import input_chunk, output_chunk, post_recvs, transfer_key
+from twin.search.buckets import bucket_sizes
 from twin.workload.context import dp_dims
 from twin.workload.params import layer_tensors
 
@@ -186,7 +186,7 @@ def synced_reductions_s(job, comm, b: float, layers: int) -> float:
         sizes = (sum(t.numel for t in layer_tensors(job.model, par.tp)),) * max(1, layers // v)
         group = "dp_shard" if par.dp_replicate > 1 else group
     else:
-        sizes = _bucket_sizes(job.model, par.tp, max(1, layers // v), e, par.ddp_bucket_MB)
+        sizes = bucket_sizes(job.model, par.tp, max(1, layers // v), e, par.ddp_bucket_MB)
     a, per_byte = comm.affine(job, "all_reduce" if par.zero_stage == 0 else "reduce_scatter",
                               group)
     whole = sum(sizes)
@@ -197,9 +197,3 @@ def synced_reductions_s(job, comm, b: float, layers: int) -> float:
         end = max(end, chunk * done / whole) + a + numel * e * per_byte
     return v * max(0.0, end - chunk)
 
-
-@lru_cache(maxsize=1024)
-def _bucket_sizes(model, tp: int, layers: int, e: int, cap_MB: float) -> tuple[int, ...]:
-    """Elements per gradient bucket of ``layers`` layers, in the order they are issued."""
-    tensors = [((i, t.name), t.numel) for i in range(layers) for t in layer_tensors(model, tp)]
-    return tuple(b.numel for b in assign_buckets(tensors, e, cap_MB))
