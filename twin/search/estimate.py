@@ -3,12 +3,12 @@
 Per pipeline stage s and micro-batch, the forward F_s and backward B_s are its units'
 times (``twin.search.units``: layers, the embedding on the first stage, the head and loss
 on the last; recomputation inside the backward). Under FSDP a layer runs beside the next
-layer's all-gather (and, in backward, its own reduce-scatter) on other streams: it takes
-the longer of the two and of each link class's summed load, its own TP collectives slowed
-by the share of their links the others hold (``_beside``); each chunk's first gather is
-exposed. A send/recv between stages costs c = latency + S / bw (``twin.search.comm``); a
-stage exchanges k_s = 2v times per micro-batch on the critical path of the steady state
-(once less at the ends without interleaving). With W_s = F_s + B_s + k_s c and v chunks
+layer's all-gather (and, in backward, its own reduce-scatter) on other streams, its own TP
+collectives slowed by the share of their links the others hold (``fsdpwalk.beside``); each chunk's
+layers are walked with those transfers (``twin.search.fsdpwalk``). A send/recv between
+stages costs c = latency + S / bw (``twin.search.comm``); a stage exchanges k_s = 2v times
+per micro-batch on the critical path of the steady state (once less at the ends without
+interleaving). With W_s = F_s + B_s + k_s c and v chunks
 per stage:
 
     T_pipe = m * max_s W_s + (sum_s W_s - max_s W_s) / v   (1F1B, GPipe: v = 1;
@@ -46,6 +46,7 @@ from twin.schedule.pipeline import SPLIT_SCHEDULES, V_SCHEDULES
 from twin.search.bubble import pipeline_s
 from twin.search.buckets import calls
 from twin.search.comm import CommModel, together_s
+from twin.search.fsdpwalk import beside, chunk_s
 from twin.search.syncwalk import synced_pipeline_s, synced_reductions_s
 from twin.search.units import Timing, layer_classes, unit_timings
 from twin.spec import Job
@@ -185,22 +186,6 @@ class Estimator:
         return estimate(job, self)
 
 
-def _beside(unit: Timing, parts: list) -> float:
-    """A layer with collectives of other streams running beside it (FSDP's gathers and
-    reduce-scatters): the longer of the two, and the unit's own exposed collectives slowed
-    by the share of their links' time the others take (two flows share a link's bandwidth)."""
-    if not parts:
-        return unit.time_s
-    span = max(unit.time_s, together_s(*parts, tp=unit))
-    own = unit.intra_s + unit.inter_s
-    if own <= 0 or span <= 0:
-        return span
-    busy_intra = min(1.0, sum(s * bi for (_, bi, _), s in parts) / span)
-    busy_inter = min(1.0, sum(s * be for (_, _, be), s in parts) / span)
-    return span + unit.exposed_comm_s * (unit.intra_s * busy_intra
-                                         + unit.inter_s * busy_inter) / own
-
-
 def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
         -> tuple[list, list, list, dict]:
     """Per stage (F_s, B_s, W_s) of one micro-batch (W_s: B_s's weight-gradient GEMMs),
@@ -215,16 +200,19 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
     reps = sorted({r for stage in classes for r, _ in stage})
     lf = {r: u[f"layer_fwd@{r}"].time_s for r in reps}
     lb = {r: u[f"layer_bwd@{r}"].time_s for r in reps}
-    ag = 0.0
-    if fsdp:  # the next layer's gather (and this one's reduce-scatter) beside the compute
+    ag = red = r_full = 0.0
+    if fsdp:  # each layer's compute, its TP slowed beside the gathers (and reduce-scatters)
         ag_split = comm.split(job, "all_gather", shard)
         ag = comm.collective_s(job, "all_gather", shard, unit_bytes)
         parts = [(ag_split, unit_bytes)] if par.fsdp_reshard_after_forward else []
-        if par.sync_every_microbatch:
+        if par.sync_every_microbatch:  # a reduce-scatter's own time, and what it adds to
+            # the links' work beside a gather (intra- and inter-node phases overlap: together_s)
             parts.append((comm.split(job, "reduce_scatter", shard), unit_bytes))
+            red = together_s(*parts) - (ag if par.fsdp_reshard_after_forward else 0.0)
+            r_full = comm.collective_s(job, "reduce_scatter", shard, unit_bytes)
         for r in reps:
-            lf[r] = _beside(u[f"layer_fwd@{r}"], [(ag_split, unit_bytes)])
-            lb[r] = _beside(u[f"layer_bwd@{r}"], parts)
+            lf[r] = beside(u[f"layer_fwd@{r}"], [(ag_split, unit_bytes)], alone=True)
+            lb[r] = beside(u[f"layer_bwd@{r}"], parts, alone=True)
     fs, bs, ws, rs = [], [], [], []  # rs: a split backward's reductions past W (synced)
     for s in range(p):
         n = shape.layers[s]
@@ -239,11 +227,16 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
             f += u["head_fwd"].time_s
             b += u["head_bwd"].time_s
             w += u["head_bwd"].w_s
-        if fsdp:  # each chunk's first gather is not hidden (again in backward when resharded);
-            # the root (embedding, head) once
+        if fsdp:  # the chunks walked beside their transfers; the root (embedding, head) once
             root = shape.params[s] * e - n * unit_bytes
-            f += v * ag + (comm.collective_s(job, "all_gather", shard, root) if root > 0 else 0.0)
-            b += v * ag if par.fsdp_reshard_after_forward else 0.0
+            lay_f = sum(k * lf[r] for r, k in classes[s])
+            lay_b = sum(k * lb[r] for r, k in classes[s])
+            k = max(1, round(n / v))
+            f += v * chunk_s(k, lay_f / n, ag) - lay_f + \
+                (comm.collective_s(job, "all_gather", shard, root) if root > 0 else 0.0)
+            # (a host that waits at the exchange waits for each reduce-scatter whole)
+            b += v * chunk_s(k, lay_b / n, ag if par.fsdp_reshard_after_forward else 0.0,
+                             r_full if sync else red, sync) - lay_b
         if sync:  # the host issues each chunk after the exchange before it has finished,
             # and waits there for reductions issued beside its backward
             if par.pp_schedule in SPLIT_SCHEDULES:  # W makes the gradients: walked

@@ -30,7 +30,6 @@ from twin.schedule.tables import stage_table
 from twin.schedule.zerobubble import input_chunk, output_chunk, post_recvs, transfer_key
 from twin.search.buckets import bucket_sizes
 from twin.workload.context import dp_dims
-from twin.workload.params import layer_tensors
 
 Key = tuple[str, int, int]
 """A transfer: (F for an activation or G for a gradient, micro-batch, consumer chunk)."""
@@ -177,18 +176,13 @@ def synced_reductions_s(job, comm, b: float, layers: int) -> float:
     backward. ``b``: the stage's backward of one micro-batch over its v chunks (a split
     backward's W pass, which makes the gradients); ``layers``: the stage's layers."""
     par = job.parallel
-    if not par.sync_every_microbatch or par.dp * par.cp <= 1:
-        return 0.0
+    if not par.sync_every_microbatch or par.zero_stage == 3 or par.dp * par.cp <= 1:
+        return 0.0  # (FSDP's reduce-scatters: twin.search.fsdpwalk)
     v = par.pp_virtual_stages
     e = job.model.dtype_bytes
-    group = dp_dims(par)
-    if par.zero_stage == 3:  # FSDP: each layer (its unit) reduce-scattered over its shard group
-        sizes = (sum(t.numel for t in layer_tensors(job.model, par.tp)),) * max(1, layers // v)
-        group = "dp_shard" if par.dp_replicate > 1 else group
-    else:
-        sizes = bucket_sizes(job.model, par.tp, max(1, layers // v), e, par.ddp_bucket_MB)
+    sizes = bucket_sizes(job.model, par.tp, max(1, layers // v), e, par.ddp_bucket_MB)
     a, per_byte = comm.affine(job, "all_reduce" if par.zero_stage == 0 else "reduce_scatter",
-                              group)
+                              dp_dims(par))
     whole = sum(sizes)
     chunk = b / v
     done = end = 0.0

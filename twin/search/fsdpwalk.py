@@ -1,0 +1,59 @@
+"""FSDP's layers of one pipeline chunk beside their gathers and reduce-scatters, walked.
+
+Per micro-batch a chunk of n layers computes c per layer while the network gathers each
+layer's parameters (g; FSDP prefetches one layer ahead: layer k + 1's gather is issued
+when layer k starts) and, in backward, reduce-scatters each layer's gradients (r, issued
+when the layer's backward ends), one after another on the links (concurrent rings share
+their NICs, so their times add). Layer k computes once its gather and layer k - 1 are
+done. The chunk's first gather is exposed; when the network is the bottleneck the chunk
+takes its transfers' time (n g + c forward), when compute is, n c plus the first gather.
+The transfers a chunk leaves running overlap the next chunk's compute but not its
+transfers, so a chunk takes at least its links' work; a host that waits at each pipeline
+exchange (``p2p_host_sync``) also waits for the chunk's last reduce-scatter.
+"""
+
+from __future__ import annotations
+
+from twin.search.comm import together_s
+from twin.search.units import Timing
+
+
+def chunk_s(n: int, c: float, g: float, r: float = 0.0, wait: bool = False) -> float:
+    """One chunk of ``n`` layers on one micro-batch (module docstring): ``c`` a layer's
+    compute, ``g`` its gather (0: parameters kept from the forward), ``r`` its gradients'
+    reduce-scatter (0: none this micro-batch); ``wait``: the host waits for the last one."""
+    if n <= 0:
+        return 0.0
+    link = g  # when the links are free; layer 1's gather first
+    ready = g  # when the next layer's parameters are gathered
+    done = 0.0  # when the last layer's compute ended
+    for k in range(n):
+        start = max(done, ready)
+        if k + 1 < n and g:  # the next layer's gather, issued as this one starts
+            link = max(link, start) + g
+            ready = link
+        done = start + c
+        if r:  # this layer's gradients, after what the links were given before
+            link = max(link, done) + r
+    if wait:
+        return max(done, link)
+    return max(done, n * (g + r))
+
+
+def beside(unit: Timing, parts: list, alone: bool = False) -> float:
+    """A layer with collectives of other streams running beside it (FSDP's gathers and
+    reduce-scatters): the longer of the two, and the unit's own exposed collectives slowed
+    by the share of their links' time the others take (two flows share a link's bandwidth);
+    ``alone``: the layer's own time with that slowdown, not the others' (a walk times them)."""
+    if not parts:
+        return unit.time_s
+    span = max(unit.time_s, together_s(*parts, tp=unit))
+    if alone:
+        span = unit.time_s
+    own = unit.intra_s + unit.inter_s
+    if own <= 0 or span <= 0:
+        return span
+    busy_intra = min(1.0, sum(s * bi for (_, bi, _), s in parts) / span)
+    busy_inter = min(1.0, sum(s * be for (_, _, be), s in parts) / span)
+    return span + unit.exposed_comm_s * (unit.intra_s * busy_intra
+                                         + unit.inter_s * busy_inter) / own
