@@ -208,8 +208,12 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
         if par.sync_every_microbatch:  # a reduce-scatter's own time, and what it adds to
             # the links' work beside a gather (intra- and inter-node phases overlap: together_s)
             parts.append((comm.split(job, "reduce_scatter", shard), unit_bytes))
-            red = together_s(*parts) - (ag if par.fsdp_reshard_after_forward else 0.0)
             r_full = comm.collective_s(job, "reduce_scatter", shard, unit_bytes)
+            if par.dp_replicate > 1:  # HSDP: then the shard all-reduced across replicas
+                ar = (comm.split(job, "all_reduce", "dp_replicate"), unit_bytes / par.shard_degree)
+                parts.append(ar)
+                r_full += comm.collective_s(job, "all_reduce", "dp_replicate", ar[1])
+            red = together_s(*parts) - (ag if par.fsdp_reshard_after_forward else 0.0)
         for r in reps:
             lf[r] = beside(u[f"layer_fwd@{r}"], [(ag_split, unit_bytes)], alone=True)
             lb[r] = beside(u[f"layer_bwd@{r}"], parts, alone=True)
