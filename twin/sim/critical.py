@@ -15,6 +15,7 @@ simulation's summary reports the parts of its first step's path (``critical_path
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -23,7 +24,8 @@ from twin.schedule.ir import Op
 from twin.spec import GPUSpec
 from twin.vocab import COLLECTIVE_KINDS, P2P_KINDS
 
-_CALLS = frozenset(COLLECTIVE_KINDS) | frozenset(P2P_KINDS)
+_COLLECTIVES = frozenset(COLLECTIVE_KINDS)
+_CALLS = _COLLECTIVES | frozenset(P2P_KINDS)
 """Kinds whose ops are collectives or send/recvs (Op.is_collective or Op.is_p2p)."""
 
 
@@ -106,13 +108,50 @@ def _key(op: Op) -> Op:
               flops=float(op.flops), bytes=float(op.bytes))
 
 
-def _walk_tables(st, prog) -> tuple[dict[int, int], list[int]]:
-    """Each op's predecessor on its stream, and the program's collectives and send/recvs
-    (the same for every rank of one program template)."""
-    prev: dict[int, int] = {}
-    for idx in st.streams.values():
-        prev.update(zip(idx[1:], idx))
-    return prev, [k for k, op in enumerate(prog.ops) if op.kind in _CALLS]
+def _before(st, op: Op, i: int) -> int | None:
+    """The op before op ``i`` on its stream (None: the first, or a memory op)."""
+    idx = st.streams.get(op.stream)
+    k = bisect_left(idx, i) if idx else 0
+    return idx[k - 1] if k else None
+
+
+class _Calls:
+    """Who takes part in the collectives and send/recvs of a finished simulation: the
+    simulated members of a collective's group (the engine's rendezvous waits for them), the
+    two sides of a send/recv. A rank's calls are indexed when the walk first needs them."""
+
+    def __init__(self, programs: dict):
+        self.programs = programs
+        self._order = {r: k for k, r in enumerate(programs)}
+        self._index: dict[int, dict] = {}
+
+    def _of(self, rank: int) -> dict:
+        """Collective name, or (send|recv, peer, tag) -> the op's index in ``rank``'s program."""
+        index = self._index.get(rank)
+        if index is None:
+            index = self._index[rank] = {}
+            ops = self.programs[rank].ops
+            for k in [k for k, op in enumerate(ops) if op.kind in _CALLS]:
+                op = ops[k]
+                index[op.name if op.kind in _COLLECTIVES else (op.kind, op.peer, op.tag)] = k
+        return index
+
+    def members(self, rank: int, op: Op) -> list[tuple[int, int]]:
+        """(rank, op index) of each simulated op of the call ``rank``'s ``op`` is part of,
+        in rank order."""
+        found = []
+        if op.kind in _COLLECTIVES:
+            for m in op.group:
+                k = self._of(m).get(op.name) if m in self._order else None
+                if k is not None and self.programs[m].ops[k].group == op.group:
+                    found.append((m, k))
+        else:
+            src, dst = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
+            for m, side in ((src, ("send", dst, op.tag)), (dst, ("recv", src, op.tag))):
+                k = self._of(m).get(side) if m in self._order else None
+                if k is not None:
+                    found.append((m, k))
+        return sorted(found, key=lambda m: (self._order[m[0]], m[1]))
 
 
 class _Window:
@@ -157,29 +196,14 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
     add = win.add if win else (lambda *a, **k: None)
     if win:
         path.period = win
-    before: dict[int, dict[int, int]] = {}
-    members: dict[tuple, list[tuple[int, int]]] = {}
-    shared: dict[int, tuple[dict[int, int], list[int]]] = {}  # per stream structure
-    for r, prog in sim.programs.items():
-        st = sim.structure_of(r)
-        prev, comm = shared.get(id(st)) or shared.setdefault(id(st), _walk_tables(st, prog))
-        before[r] = prev
-        for k in comm:
-            op = prog.ops[k]
-            if op.is_collective:
-                members.setdefault(("c", op.group, op.name), []).append((r, k))
-            elif op.is_p2p:
-                src, dst = (r, op.peer) if op.kind == "send" else (op.peer, r)
-                members.setdefault(("p", src, dst, op.tag), []).append((r, k))
+    calls = _Calls(sim.programs)
     t = path.step_s
     seen: set[tuple[int, int]] = set()
     for _ in range(4 * sum(len(p.ops) for p in sim.programs.values()) + 16):
         op = sim.programs[rank].ops[i]
         seen.add((rank, i))
-        if op.is_collective or op.is_p2p:
-            key = ("c", op.group, op.name) if op.is_collective else \
-                ("p",) + ((rank, op.peer) if op.kind == "send" else (op.peer, rank)) + (op.tag,)
-            rank, i = max(members[key], key=lambda m: float(sim.start[m[0]][m[1]]))
+        if op.kind in _CALLS:  # the member that reached it last
+            rank, i = max(calls.members(rank, op), key=lambda m: float(sim.start[m[0]][m[1]]))
             op = sim.programs[rank].ops[i]
             ready = float(sim.start[rank][i])
             took = max(0.0, t - ready)
@@ -194,16 +218,18 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
             ready = float(sim.start[rank][i])
             if op.is_compute:
                 done = float(sim.end[rank][i])
-                path.compute[_key(op)] += 1
-                add(ready, done, counter="compute", key=_key(op))
+                sig = _key(op)
+                path.compute[sig] += 1
+                add(ready, done, counter="compute", key=sig)
                 path.other_s += max(0.0, t - done)
                 add(done, t, "other_s", max(0.0, t - done))
         end = sim.end[rank]
         cands = [(float(end[d]), 1, d) for d in op.deps]
-        j = before[rank].get(i)
+        st = sim.structure_of(rank)
+        j = _before(st, op, i)
         if j is not None:
             cands.append((float(end[j]), 1, j))
-        host = sim.structure_of(rank).host
+        host = st.host
         sync = -1
         if host is not None:
             cands.append((host.issue_s[i], 0, -1))  # issued from the step's start

@@ -100,19 +100,19 @@ def _split(text: str, mb: int) -> tuple[str, ...]:
 
 
 _WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+_DIGITS = frozenset("0123456789")
 
 
 def pieces(text: str, mb: int) -> tuple[str, ...]:
     """``text`` split around its ``mb{mb}`` tokens: ``f"mb{new}".join(pieces)`` renames it."""
     tok = f"mb{mb}"
-    k = text.find(tok)
-    if k < 0:
+    before, found, after = text.partition(tok)
+    if not found:
         return (text,)
-    end = k + len(tok)
-    if text.find(tok, end) < 0:  # one occurrence (most names): the pattern's test by hand
-        if (k and text[k - 1] in _WORD) or (end < len(text) and text[end] in "0123456789"):
+    if tok not in after:  # one occurrence (most names): the pattern's test by hand
+        if before[-1:] in _WORD or after[:1] in _DIGITS:
             return (text,)
-        return (text[:k], text[end:])
+        return (before, after)
     return _split(text, mb)
 
 
@@ -121,14 +121,13 @@ def rename(text: str, mb: int, new: int) -> str:
     if not text or mb == new:
         return text
     tok = f"mb{mb}"
-    k = text.find(tok)
-    if k < 0:
+    before, found, after = text.partition(tok)
+    if not found:
         return text
-    end = k + len(tok)
-    if text.find(tok, end) < 0:  # one occurrence (most names): the pattern's test by hand
-        if (k and text[k - 1] in _WORD) or (end < len(text) and text[end] in "0123456789"):
+    if tok not in after:  # one occurrence (most names): the pattern's test by hand
+        if before[-1:] in _WORD or after[:1] in _DIGITS:
             return text
-        return f"{text[:k]}mb{new}{text[end:]}"
+        return f"{before}mb{new}{after}"
     return f"mb{new}".join(_split(text, mb))
 
 

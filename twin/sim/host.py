@@ -43,32 +43,41 @@ def host_plan(ops: list[Op], cost: CostModel) -> HostPlan | None:
     """The host's plan of a program, or None when the host neither costs nor waits."""
     memo: dict[tuple, float] = {}
     host = []
-    for op in ops:  # the same kinds and shapes recur at every layer and micro-batch
-        key = (op.kind, op.dtype, len(op.group), op.shape, op.bytes, op.flops)
+    for op in ops:  # the same kinds and groups recur at every layer and micro-batch
+        key = (op.kind, op.dtype, op.group_name, len(op.group))  # what an op's host time can depend on
         h = memo.get(key)
         if h is None:
             h = memo[key] = cost.host_time(op)
         host.append(h)
-    # the sends and recvs of the pipeline's exchange (group pp, or unnamed as in schedules
-    # written before send/recv had other groups), where Megatron's host waits
-    pipe = [op.kind in P2P_KINDS and op.group_name in ("pp", "") for op in ops]
-    sync = cost.p2p_host_sync and any(pipe)
-    if not sync and not any(host):
-        return None
-    issue = list(itertools.accumulate(host))
     sync_of = [-1] * len(ops)  # memory ops keep -1: no time, no host
     waits: dict[int, tuple[int, ...]] = {}
-    last_of_stream: dict[str, int] = {}
-    current = -1
-    timed = [i for i, op in enumerate(ops) if op.stream != "mem"]
-    last = len(timed) - 1
-    for k, i in enumerate(timed):
-        sync_of[i] = current
-        op = ops[i]
-        last_of_stream[op.stream if op.kind not in P2P_KINDS else f"p2p{i}"] = i
-        if sync and pipe[i] and (k == last or not pipe[timed[k + 1]]):  # a batch ends
-            waits[i] = tuple(sorted(set(last_of_stream.values())))
-            last_of_stream = {s: j for s, j in last_of_stream.items() if not s.startswith("p2p")}
-            current = i
-    return HostPlan(issue, sync_of, waits)
+    if cost.p2p_host_sync:
+        _sync_points(ops, sync_of, waits)
+    if not waits and not any(host):
+        return None
+    return HostPlan(list(itertools.accumulate(host)), sync_of, waits)
 
+
+def _sync_points(ops: list[Op], sync_of: list[int], waits: dict[int, tuple[int, ...]]) -> None:
+    """Fill in each timed op's sync point and what the host waits for at each: a sync point
+    is the last op of a run of consecutive (timed) sends and recvs of the pipeline's exchange
+    (group pp, or unnamed as in schedules written before send/recv had other groups)."""
+    last_of_stream: dict[str, int] = {}  # each send/recv its own
+    current = batch = -1  # the last sync point; the last op of the exchange being issued
+    for i, op in enumerate(ops):
+        if op.stream == "mem":
+            continue
+        p2p = op.kind in P2P_KINDS
+        if batch >= 0 and not (p2p and op.group_name in ("pp", "")):  # the batch has ended
+            waits[batch] = tuple(sorted(set(last_of_stream.values())))
+            last_of_stream = {s: j for s, j in last_of_stream.items() if not s.startswith("p2p")}
+            current, batch = batch, -1
+        sync_of[i] = current
+        if p2p:
+            last_of_stream[f"p2p{i}"] = i
+            if op.group_name in ("pp", ""):
+                batch = i
+        else:
+            last_of_stream[op.stream] = i
+    if batch >= 0:  # the program ends with one
+        waits[batch] = tuple(sorted(set(last_of_stream.values())))

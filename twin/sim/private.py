@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from twin.schedule.ir import Op
 from twin.sim.fabric import EPS, Contended
+from twin.vocab import COLLECTIVE_KINDS
 
 COMPUTE = "compute"
 """The stream whose process walks the inlined streams."""
@@ -122,18 +123,21 @@ def inline_streams(rank: int, ops: list[Op], streams: dict[str, list[int]],
     for s, idx in streams.items():
         if s in (COMPUTE, "p2p", "mem"):
             continue
+        caller, mine = (rank, s), (COMPUTE, s)
         for i in idx:
             op = ops[i]
-            if not op.is_collective or op.send_splits:
+            if op.kind not in COLLECTIVE_KINDS or op.send_splits:
                 break
             call = private.get(call_key(op))
-            if call is None or call.caller != (rank, s):
+            if call is None or call.caller != caller:
                 break
-            if any(ops[d].stream not in (COMPUTE, s) for d in op.deps):
+            deps = op.deps
+            if any(ops[d].stream not in mine for d in deps):
                 break
-            k = bisect_left(comp, i)
-            if k and (call.shared or i in waited) and not any(d >= comp[k - 1] for d in op.deps):
-                break
+            if call.shared or i in waited:  # a dependency no earlier than the compute op before
+                k = bisect_left(comp, i)
+                if k and max(deps, default=-1) < comp[k - 1]:
+                    break
         else:
             out.append(s)
     return tuple(out)

@@ -18,6 +18,9 @@ import numpy as np
 from twin.sim.fastforward import pieces
 from twin.sim.stats import Timeline
 from twin.trace import Span
+from twin.vocab import COLLECTIVE_KINDS, P2P_KINDS
+
+_CALLS = frozenset(COLLECTIVE_KINDS) | frozenset(P2P_KINDS)
 
 TRACE_LEVELS = ("auto", "full", "none")
 TRACE_SPANS = 400_000
@@ -62,7 +65,7 @@ def rank_spans(rank: int, ops, line: Timeline, step: int, offset_s: float,
         f = fixed.get(i)
         if f is None:
             op = ops[i]
-            comm = op.is_collective or op.is_p2p
+            comm = op.kind in _CALLS  # Span.of: the group of a collective or send/recv
             f = fixed[i] = (op.name, op.kind, op.stream, op.phase, op.layer, op.mb,
                             op.group_name if comm else "", op.bytes, op.flops, op.category,
                             op.peer, op.tag)
