@@ -14,10 +14,13 @@ exchange (``p2p_host_sync``) also waits for the chunk's last reduce-scatter.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from twin.search.comm import together_s
 from twin.search.units import Timing
 
 
+@lru_cache(maxsize=1 << 16)  # a search meets the same layers and transfers in many plans
 def chunk_s(n: int, c: float, g: float, r: float = 0.0, wait: bool = False) -> float:
     """One chunk of ``n`` layers on one micro-batch (module docstring): ``c`` a layer's
     compute, ``g`` its gather (0: parameters kept from the forward), ``r`` its gradients'

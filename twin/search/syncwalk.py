@@ -128,7 +128,7 @@ def walk_sync(schedule: str, p: int, m: int, f, b, w, c: float, sync: bool = Tru
             raise ValueError(f"{schedule} p={p} m={m}: the host-synced exchange deadlocks")
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1 << 15)
 def _unit_makespan(schedule: str, p: int, m: int, fs: tuple, bs: tuple, ws: tuple,
                    c: float, rs: tuple) -> float:
     return walk_sync(schedule, p, m, fs, bs, ws, c, r=rs)
@@ -143,8 +143,14 @@ steps, the transfer on steps of 0.2% of it (a search meets thousands of plans wh
 differ by less: each walk of p = 64 stages takes milliseconds)."""
 
 
-def _coarse(x: float) -> float:
-    return math.exp(round(math.log(x) / COARSE) * COARSE) if x > 0 else 0.0
+R_COARSE = math.log(1.1)
+R_FLOOR = 0.01
+"""The reductions' excess past W on a coarser grid (10% steps), none below 1% of the largest
+forward: it varies with every data-parallel layout, and each distinct walk costs milliseconds."""
+
+
+def _coarse(x: float, step: float = COARSE) -> float:
+    return math.exp(round(math.log(x) / step) * step) if x > 0 else 0.0
 
 
 def synced_pipeline_s(schedule: str, p: int, m: int, fs: list[float], bs: list[float],
@@ -158,7 +164,7 @@ def synced_pipeline_s(schedule: str, p: int, m: int, fs: list[float], bs: list[f
         return 0.0
     key = (tuple(_coarse(x / f) for x in fs), tuple(_coarse(x / f) for x in bs),
            tuple(_coarse(min(x, y) / f) for x, y in zip(ws, bs)), round(c / f / C_STEP) * C_STEP,
-           tuple(_coarse(x / f) for x in rs or [0.0] * len(fs)))
+           tuple(_coarse(x / f, R_COARSE) if x > R_FLOOR * f else 0.0 for x in rs or [0.0] * len(fs)))
     if m <= 2 * p + STEADY:
         return f * _unit_makespan(schedule, p, m, *key)
     t0, t1 = (_unit_makespan(schedule, p, 2 * p + k, *key) for k in (0, STEADY))
