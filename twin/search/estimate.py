@@ -222,6 +222,12 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
         n = shape.layers[s]
         f = sum(k * lf[r] for r, k in classes[s])
         b = sum(k * lb[r] for r, k in classes[s])
+        if fsdp:  # the stage's chunks walked beside their transfers (twin.search.fsdpwalk);
+            # a host that waits at the exchange waits for each reduce-scatter whole
+            per_chunk = max(1, round(n / v))
+            f = v * chunk_s(per_chunk, f / n, ag)
+            b = v * chunk_s(per_chunk, b / n, ag if par.fsdp_reshard_after_forward else 0.0,
+                            r_full if sync else red, sync)
         w = sum(k * u[f"layer_bwd@{r}"].w_s for r, k in classes[s])
         if s == job.chunk_stage(0):
             f += u["embed_fwd"].time_s
@@ -231,16 +237,9 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
             f += u["head_fwd"].time_s
             b += u["head_bwd"].time_s
             w += u["head_bwd"].w_s
-        if fsdp:  # the chunks walked beside their transfers; the root (embedding, head) once
+        if fsdp:  # the root's (embedding, head) gather, once
             root = shape.params[s] * e - n * unit_bytes
-            lay_f = sum(k * lf[r] for r, k in classes[s])
-            lay_b = sum(k * lb[r] for r, k in classes[s])
-            k = max(1, round(n / v))
-            f += v * chunk_s(k, lay_f / n, ag) - lay_f + \
-                (comm.collective_s(job, "all_gather", shard, root) if root > 0 else 0.0)
-            # (a host that waits at the exchange waits for each reduce-scatter whole)
-            b += v * chunk_s(k, lay_b / n, ag if par.fsdp_reshard_after_forward else 0.0,
-                             r_full if sync else red, sync) - lay_b
+            f += comm.collective_s(job, "all_gather", shard, root) if root > 0 else 0.0
         if sync:  # the host issues each chunk after the exchange before it has finished,
             # and waits there for reductions issued beside its backward
             if par.pp_schedule in SPLIT_SCHEDULES:  # W makes the gradients: walked

@@ -50,9 +50,7 @@ def beside(unit: Timing, parts: list, alone: bool = False) -> float:
     ``alone``: the layer's own time with that slowdown, not the others' (a walk times them)."""
     if not parts:
         return unit.time_s
-    span = max(unit.time_s, together_s(*parts, tp=unit))
-    if alone:
-        span = unit.time_s
+    span = unit.time_s if alone else max(unit.time_s, together_s(*parts, tp=unit))
     own = unit.intra_s + unit.inter_s
     if own <= 0 or span <= 0:
         return span
