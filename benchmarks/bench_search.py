@@ -61,6 +61,11 @@ def preset_model(name: str) -> ModelSpec:
     return ModelSpec(**{k: v for k, v in fields.items() if k != "defaults"})
 
 
+def _rho(check: dict) -> str:
+    """Spearman's rho as printed (n/a under three plans, where it is not defined)."""
+    return "n/a" if check["spearman"] is None else f"{check['spearman']:.3f}"
+
+
 def search_case(name: str, args) -> dict:
     model_name, cluster_name, gpus, gbs = CASES[name]
     model, base = preset_model(model_name), preset_cluster(cluster_name)
@@ -89,7 +94,7 @@ def search_case(name: str, args) -> dict:
     top_check = agreement(est, sim) if top else None
     if top_check:
         print(f"top {len(top)}: the estimate's choice is {top_check['regret']:.2%} slower than the "
-              f"best simulated (target <= 3%); Spearman {top_check['spearman']:.3f}; |error| "
+              f"best simulated (target <= 3%); Spearman {_rho(top_check)}; |error| "
               f"median {top_check['median_abs_error']:.1%}, largest "
               f"{top_check['max_abs_error']:.1%}", flush=True)
     rng = random.Random(0)
@@ -101,7 +106,7 @@ def search_case(name: str, args) -> dict:
     sample_check = agreement(se, ss) if sample else None
     if sample_check:
         print(f"random sample of {len(sample)} plans that fit: Spearman "
-              f"{sample_check['spearman']:.3f}; |error| median "
+              f"{_rho(sample_check)}; |error| median "
               f"{sample_check['median_abs_error']:.1%}, largest "
               f"{sample_check['max_abs_error']:.1%}", flush=True)
     return {"model": model_name, "cluster": cluster_name, "gpus": gpus, "global_batch_size": gbs,
@@ -179,8 +184,17 @@ def main() -> None:
             results["a100_measured"] = a100_regret(args)
         else:
             print(f"the A100 measured set is not at {DATA}; skipped")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2, default=float))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.only and out.exists():  # one part rerun: the other parts' figures are kept
+        try:
+            kept = json.loads(out.read_text())
+        except ValueError:
+            sys.exit(f"{out} is not this benchmark's JSON; give --out another file")
+        results = {**kept, **results}
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=float))
+    tmp.replace(out)
     print(f"\nwrote {args.out}")
 
 
