@@ -16,8 +16,10 @@ Without it, give `calibration=` (default: the cluster's own profile, conf/profil
 
 With `--fit-first against=pytorch|both`, real training follows the same protocol: the other
 configurations (but zero2 and dp, which PyTorch has no counterpart for) are trained with PyTorch's own
-DDP / FSDP2 / DTensor / pipelining and their step times fitted with `paratwin calibrate runs=...
-start=OUT/profile.yaml` (what a real step adds: the framework's cost per op, the eager AdamW)
+DDP / FSDP2 / DTensor / pipelining, one more step of each profiled (torch.profiler's time per op
+kind, written as the runs file's gemm_s ... optimizer_s), and their step and kind times fitted
+with `paratwin calibrate runs=... start=OUT/profile.yaml` (what a real step adds: the
+framework's cost per op, the eager AdamW)
 into OUT/profile_pytorch.yaml, which the suite's PyTorch steps are then held against
 (OUT/validate_pytorch); the replays keep the traces-fitted profile (OUT/validate).
 
@@ -37,6 +39,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from twin.calibrate.runs import KIND_COLUMNS  # noqa: E402
 
 TRAIN_PRESETS = ("ddp", "tp_sp", "pp_1f1b", "fsdp", "tp", "zero2", "dp")
 TRAIN_MODELS = {"seq128": ["model.seq_len=128"],
@@ -75,16 +81,29 @@ def fit_first(out: Path) -> Path:
 PYTORCH_PRESETS = tuple(p for p in TRAIN_PRESETS if p not in ("zero2", "dp"))  # no PyTorch counterpart
 
 
+def kind_columns(src: dict, world: int) -> dict[str, float]:
+    """A trained run's seconds per step and rank in each fitted kind (the runs file's KIND_s
+    columns): torch.profiler's CPU time of the kind over every rank, per rank, scaled from the
+    profiled step to the measured median (the profiler's own overhead, largest on DTensor's
+    many small ops, stretches the one step it records)."""
+    prof = src.get("torch_profile") or {}
+    if not prof.get("step_s"):
+        return {}
+    scale = src["measured_p50_s"] / prof["step_s"]
+    return {col: prof["kinds"][kind] / world * scale for col, kind in KIND_COLUMNS.items()
+            if prof["kinds"].get(kind, 0) > 0}
+
+
 def fit_pytorch(out: Path, start: Path) -> Path:
     """Train the same other configurations with PyTorch's own DDP / FSDP2 / DTensor / pipelining,
-    time their steps, and fit what a real step adds to the replayed schedule (the framework's
-    cost per op, the eager optimizer) with `paratwin calibrate runs=...`, starting from the
-    traces-fitted ``start``."""
+    time their steps (and profile one more: the time per op kind), and fit what a real step
+    adds to the replayed schedule (the framework's cost per op, the eager optimizer) with
+    `paratwin calibrate runs=...`, starting from the traces-fitted ``start``."""
     t0 = time.perf_counter()
     rows = []
     for tag, model in TRAIN_MODELS.items():
         d = out / "train_pytorch" / tag
-        rc = paratwin("validate", "report=false", "against=pytorch", "pytorch_profile=false",
+        rc = paratwin("validate", "report=false", "against=pytorch", "pytorch_profile=true",
                       f"suite=[{','.join(PYTORCH_PRESETS)}]", "info_suite=[]",
                       "overrides=[" + ",".join(f"'{m}'" for m in model) + "]",
                       f"calibration={start}", f"out_dir={d}")
@@ -95,14 +114,15 @@ def fit_pytorch(out: Path, start: Path) -> Path:
             if "measured_p50_s" in src:
                 rows.append({"name": f"{run['parallel']}-{tag}", "parallel": run["parallel"],
                              **dict(m.split("=", 1) for m in model),
-                             "step_time_s": src["measured_p50_s"]})
+                             "step_time_s": src["measured_p50_s"],
+                             **kind_columns(src, run["world_size"])})
     runs = out / "train_pytorch" / "runs.csv"
     keys = ["name", "parallel", *sorted({k for r in rows for k in r} - {"name", "parallel",
-                                                                          "step_time_s"})]
+                                                                          "step_time_s", *KIND_COLUMNS})]
     with runs.open("w", newline="") as fh:
         w = csv.DictWriter(fh, [*keys, "model", "cluster", "cluster.gpus_per_node",
                                 "parallel.sp_norm_grad_sync", "parallel.optimizer_kernels",
-                                "step_time_s"])
+                                "step_time_s", *KIND_COLUMNS])
         w.writeheader()
         for r in rows:  # the job conformance trains (validate's pytorch_twin)
             w.writerow({**r, "model": "val_small", "cluster": "cpu_local",

@@ -129,7 +129,8 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
         return fit_steps([r.job for r in subset], [r.run.step_time_s for r in subset], start,
                          workers=workers, log=lambda m: say("  " + m),
                          shapes=None if shapes is None else bool(shapes),
-                         gemm_ceiling=None if ceiling is None else float(ceiling))
+                         gemm_ceiling=None if ceiling is None else float(ceiling),
+                         kinds=[r.run.kinds for r in subset])
 
     preds: dict[int, tuple[float, str]] = {}
     splits: list[tuple[list[int], list[int], str]] = []

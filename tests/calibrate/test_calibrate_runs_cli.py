@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+
 ROWS = [  # model, parallel preset, tp, dp, micro-batch, step time (ms): made-up measurements
     ("tiny", "ddp", 1, 2, 1, 41.0), ("tiny", "ddp", 1, 2, 2, 63.0), ("tiny", "tp", 2, 1, 1, 55.0),
     ("tiny", "tp", 2, 1, 2, 80.0), ("tiny", "ddp", 1, 2, 4, 110.0), ("tiny", "tp", 2, 1, 4, 131.0),
@@ -92,3 +94,41 @@ def test_a_gemm_ceiling_out_of_range_is_one_line_and_writes_nothing(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "gemm_ceiling=1.5 must be a fraction of peak in (0, 1]" in out.stderr
     assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "c").exists()
+
+
+def test_measured_kind_times_are_fitted_from_the_runs_file(tmp_path):
+    """A runs file's gemm_s column (made up: twice what the fit without it predicts) moves the
+    fitted GEMMs' cost towards it; a negative one is one line naming the row."""
+    from paratwin.runs import jobs_from_runs
+    from twin.calibrate.kindtime import KindRetimer
+    from twin.cost import CostModel
+
+    plain = _runs(tmp_path)
+    out = paratwin("calibrate", f"runs={plain}", "folds=0", "workers=1",
+                   f"out={tmp_path / 'p.yaml'}", f"out_dir={tmp_path / 'c'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    jobs = [r.job for r in jobs_from_runs(plain, None)]
+
+    def gemm_s(profile):
+        cost = CostModel.load(profile)
+        rt = KindRetimer(jobs, [{"gemm": 1.0}] * len(jobs), jobs[0].cluster.gpu, lambda _v: cost)
+        return rt.predict(None)
+
+    target = 2 * gemm_s(tmp_path / "p.yaml")
+    rows = list(csv.reader(plain.open()))
+    with (tmp_path / "kinds.csv").open("w", newline="") as fh:
+        csv.writer(fh).writerows([rows[0] + ["gemm_s"]] + [r + [f"{t:.6g}"]
+                                                           for r, t in zip(rows[1:], target)])
+    out = paratwin("calibrate", f"runs={tmp_path / 'kinds.csv'}", "folds=0", "workers=1",
+                   f"out={tmp_path / 'k.yaml'}", f"out_dir={tmp_path / 'ck'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before = np.abs(gemm_s(tmp_path / "p.yaml") / target - 1)
+    after = np.abs(gemm_s(tmp_path / "k.yaml") / target - 1)
+    assert np.median(after) < 0.5 * np.median(before)
+    with (tmp_path / "bad.csv").open("w", newline="") as fh:  # an empty cell: not measured
+        csv.writer(fh).writerows([rows[0] + ["gemm_s"]] + [r + ["-1" if k == 2 else ""]
+                                                           for k, r in enumerate(rows[1:], 1)])
+    out = paratwin("calibrate", f"runs={tmp_path / 'bad.csv'}", f"out={tmp_path / 'b.yaml'}",
+                   f"out_dir={tmp_path / 'cb'}", cwd=tmp_path)
+    assert out.returncode == 2 and "line 3: gemm_s=-1 must be a positive number" in out.stderr
+    assert not (tmp_path / "b.yaml").exists() and not (tmp_path / "cb").exists()

@@ -37,6 +37,18 @@ def test_an_empty_cell_leaves_the_key_to_the_presets(tmp_path):
         read_runs(write(tmp_path, "model,step_time_s\ntiny,\n", "blank.csv"))
 
 
+def test_kind_columns_are_measured_times_per_kind(tmp_path):
+    p = write(tmp_path, "model,parallel.tp,step_time_s,gemm_s,optimizer_s,attention_s\n"
+                        "tiny,2,0.5,0.2,0.05,\ntiny,1,0.7,,,\n")
+    a, b = read_runs(p)
+    assert a.kinds == {"gemm": 0.2, "optimizer": 0.05}  # an empty cell: not measured
+    assert a.overrides == {"model": "tiny", "parallel.tp": 2} and b.kinds == {}
+    with pytest.raises(RunsFileError, match="line 3: optimizer_s=-0.1 must be a positive number "
+                                            "of seconds"):
+        read_runs(write(tmp_path, "model,step_time_s,optimizer_s\ntiny,1,0.2\ntiny,1,-0.1\n",
+                        "neg.csv"))
+
+
 def test_column_map_sets_and_derives(tmp_path):
     cmap = tmp_path / "map.yaml"
     cmap.write_text("columns: {'hidden size': model.hidden_size, 'TP': parallel.tp, "
@@ -56,6 +68,7 @@ def test_column_map_sets_and_derives(tmp_path):
     ("model.hidden_size,step_time_ms\n1024,abc\n", "line 2: step_time_ms='abc' must be a positive"),
     ("model.hidden_size,step_time_ms\n1024,5\n1024\n", "line 3: 1 values for 2 columns"),
     ("hiden,step_time_ms\n1024,5\n", "'hiden' is not a config key"),
+    ("gemm_ms,step_time_ms\n1,5\n", "or a kind's time (gemm_s / attention_s"),
     ("step_time_ms\n", "has a header but no rows"),
 ])
 def test_malformed_runs_file_names_the_row(tmp_path, text, message):

@@ -4,6 +4,10 @@ A runs file is a CSV with one measured run per row. Its columns are config keys 
 form (``model.hidden_size``, ``parallel.tp``, ``cluster.gpus_per_node``; ``model``,
 ``cluster``, ``parallel`` name presets) and the measurement, ``step_time_s`` or
 ``step_time_ms`` (the median optimizer step); a ``name`` column is kept as the row's label.
+Optional ``gemm_s``, ``attention_s``, ``elementwise_s``, ``optimizer_s``: the seconds per step
+one rank spends in that kind's ops (the mean over ranks, e.g. from torch.profiler), which
+``paratwin calibrate`` fits beside the step times (twin.calibrate.kindtime); an empty cell
+is a kind the row did not measure.
 A foreign file (the A100 set's ``iteration time (ms)``) comes with a column map:
 
 ```yaml
@@ -31,6 +35,8 @@ from typing import Any
 import yaml
 
 TIME_COLUMNS = {"step_time_s": 1.0, "step_time_ms": 1e-3}
+KIND_COLUMNS = {f"{k}_s": k for k in ("gemm", "attention", "elementwise", "optimizer")}
+"""Measured seconds per step and rank in one kind's ops -> the kind (twin.calibrate.kindtime)."""
 PRESETS = ("model", "cluster", "parallel")
 SECTIONS = ("model.", "cluster.", "parallel.")
 
@@ -49,6 +55,8 @@ class MeasuredRun:
     """Dotted config keys -> values (presets under 'model', 'cluster', 'parallel')."""
     step_time_s: float
     name: str = ""
+    kinds: dict[str, float] = field(default_factory=dict)
+    """Kind -> measured seconds per step one rank spends in its ops (KIND_COLUMNS)."""
 
     @property
     def label(self) -> str:
@@ -85,11 +93,12 @@ class ColumnMap:
 
 
 def _check_key(key: str, where: str) -> None:
-    if key in TIME_COLUMNS or key == "name" or key in PRESETS or key.startswith(SECTIONS):
+    if key in TIME_COLUMNS or key in KIND_COLUMNS or key == "name" or key in PRESETS \
+            or key.startswith(SECTIONS):
         return
     raise RunsFileError(f"{where}: {key!r} is not a config key; use model.FIELD, cluster.FIELD, "
-                        f"parallel.FIELD, a preset (model, cluster, parallel), name, or "
-                        f"{' / '.join(TIME_COLUMNS)}")
+                        f"parallel.FIELD, a preset (model, cluster, parallel), name, "
+                        f"{' / '.join(TIME_COLUMNS)}, or a kind's time ({' / '.join(KIND_COLUMNS)})")
 
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -170,6 +179,13 @@ def read_runs(path: str | Path, columns: ColumnMap | None = None) -> list[Measur
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
             raise RunsFileError(f"{where}: {times[0]}={t!r} must be a positive number")
         name = str(values.pop("name", "") or "")
+        kinds = {}
+        for col in [h for h in header if h in KIND_COLUMNS and h in values]:
+            v = values.pop(col)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+                raise RunsFileError(f"{where}: {col}={v!r} must be a positive number of seconds "
+                                    "(or empty: not measured)")
+            kinds[KIND_COLUMNS[col]] = float(v)
         values.update(cmap.set)
         for key, expr in cmap.derive.items():
             try:
@@ -179,7 +195,7 @@ def read_runs(path: str | Path, columns: ColumnMap | None = None) -> list[Measur
                                     "the row does not have") from None
             except (ValueError, ZeroDivisionError, SyntaxError) as err:
                 raise RunsFileError(f"{where}: derive {key} = {expr}: {err}") from None
-        out.append(MeasuredRun(i, values, float(t) * TIME_COLUMNS[times[0]], name))
+        out.append(MeasuredRun(i, values, float(t) * TIME_COLUMNS[times[0]], name, kinds))
     if not out:
         raise RunsFileError(f"runs file {path} has a header but no rows")
     return out

@@ -20,7 +20,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -28,6 +28,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.sparse import csr_matrix
 
+from twin.calibrate.kindtime import KindRetimer
 from twin.cost import SHAPE_RANGE, SHAPED_KINDS, CostModel, KernelCost, shape_key
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import CriticalPath, critical_path
@@ -286,7 +287,8 @@ def path_shapes(paths: Sequence[CriticalPath]) -> list[str]:
 def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
               rounds: int = ROUNDS, workers: int | None = None, free=None,
               log: Callable[[str], None] | None = None, shapes: bool | None = None,
-              gemm_ceiling: float | None = None) -> StepFit:
+              gemm_ceiling: float | None = None,
+              kinds: Sequence[Mapping[str, float]] | None = None) -> StepFit:
     """Fit ``free`` fields of ``base`` (default: ``free_for`` the jobs' cluster) to the
     measured step times of ``jobs``; with ``shapes`` (default: on GPUs) also one factor per
     GEMM and attention shape on the runs' critical paths (``CostModel.shape_factors``), pulled
@@ -296,7 +298,10 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
     matmul FLOP/s over peak, measured or published), held fixed while the fit frees how
     efficiency rises with a GEMM's size (``gemm.half_flops``). Runs of small models cannot tell
     how large GEMMs run; without a ceiling the fitted level is the small GEMMs' and a larger
-    model is predicted too slow (benchmarks/accuracy_a100.py: fit on hidden 1024, predict 2048)."""
+    model is predicted too slow (benchmarks/accuracy_a100.py: fit on hidden 1024, predict 2048).
+
+    ``kinds``: per job, the seconds per step a rank spends in each kind's ops where measured
+    (a profiler's), fitted beside the step times (twin.calibrate.kindtime)."""
     if len(jobs) != len(measured_s) or not jobs:
         raise ValueError("fit_steps needs one measured step time per job, and some jobs")
     t0 = time.perf_counter()
@@ -323,6 +328,8 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
     cost, history, resid = base, [], np.zeros(len(jobs))
     gpu = jobs[0].cluster.gpu
     g = len(free)
+    by_kind = KindRetimer(jobs, kinds, gpu, lambda v: with_params(base, v, free, dtypes)) \
+        if kinds and any(kinds) else None
     for k in range(rounds):
         tr = time.perf_counter()
         paths = predict(jobs, cost, workers)
@@ -344,7 +351,8 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
 
         def residuals(x, retime=retime, prior=prior, center=center):
             pred = retime(np.exp(x[:g]), x[g:])
-            return np.concatenate([np.log(pred / meas), PRIOR_WEIGHT * (x - prior), center @ x])
+            held = by_kind.residuals(np.exp(x[:g])) if by_kind else []
+            return np.concatenate([np.log(pred / meas), held, PRIOR_WEIGHT * (x - prior), center @ x])
 
         def jacobian(x, retime=retime, center=center):
             pred, shaped = retime.parts(np.exp(x[:g]), x[g:])
@@ -357,7 +365,8 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
             if retime.n_shapes:
                 top = np.hstack([top, (retime.shape_jacobian(shaped).multiply(1 / pred[:, None]))
                                  .toarray()])
-            return np.vstack([top, PRIOR_WEIGHT * np.eye(len(x)), center])
+            held = [by_kind.jacobian(x[:g], FD_STEP, len(x))] if by_kind else []
+            return np.vstack([top, *held, PRIOR_WEIGHT * np.eye(len(x)), center])
 
         x_init = np.clip(np.concatenate([x0, s0]), lo_all + 1e-9, hi_all - 1e-9)
         sol = least_squares(residuals, x_init, jac=jacobian, bounds=(lo_all, hi_all),

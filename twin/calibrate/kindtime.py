@@ -1,0 +1,100 @@
+"""Measured time per op kind as fit targets, beside the step times.
+
+A step time alone cannot tell the kinds apart: on this machine's PyTorch steps a fit from
+step times made the optimizer 50 ms a step plus a tenth of its bandwidth (what FSDP2's and
+DTensor's framework costs needed somewhere) and then over-predicted DDP, whose unsharded
+optimizer paid it twice. A profiler attributes a step's time to kinds (torch.profiler's CPU
+time per op, grouped as ``executor.conformance`` does); a run that comes with it fits each
+kind's parameters against that kind's own time.
+
+A run's kind target is the seconds per step one rank spends in the kind's ops, the mean
+over the ranks (the runs file's ``gemm_s``, ``attention_s``, ``elementwise_s``,
+``optimizer_s``). Its prediction is the same mean over the job's programs: each compute op
+of the kind at the cost model's time, uncontended (a profiler's CPU time of an op is its own,
+not its wait for a shared core). Shape factors are not applied to it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from scipy.sparse import csr_matrix
+
+from twin.schedule.builder import build_schedule
+from twin.sim.critical import _key
+from twin.sim.engine import fold_classes
+from twin.spec import Job
+
+KIND_WEIGHT = 0.5
+"""Weight of a kind's log error beside a step's (a kind's 10% counts as a step's 5%): the
+kinds place the parameters, the step times stay what is predicted."""
+FIT_KINDS = ("gemm", "attention", "elementwise", "optimizer")
+"""The kinds a runs file can give (column ``KIND_s``) and the fit holds."""
+
+
+def kind_counts(job: Job) -> dict[str, Counter]:
+    """Kind -> compute signature -> how many times one rank runs it per step, the mean over
+    the world's ranks (folded copies run their representative's program)."""
+    classes = fold_classes(job, "all")
+    schedule = build_schedule(job)
+    world = job.grid.world_size
+    out: dict[str, Counter] = {}
+    for rep, members in classes.items():
+        w = len(members) / world
+        for op in schedule.program(rep).ops:
+            if op.is_compute and op.kind in FIT_KINDS:
+                out.setdefault(op.kind, Counter())[_key(op)] += w
+    return out
+
+
+class KindRetimer:
+    """Predicted kind times of the runs that measured them, under parameter vectors: every
+    distinct compute signature timed once, summed per (run, kind) through a sparse matrix."""
+
+    def __init__(self, jobs: Sequence[Job], measured: Sequence[Mapping[str, float]], gpu,
+                 cost_of):
+        """``measured``: per job, kind -> seconds (empty where the run has none);
+        ``cost_of(values)``: the CostModel a parameter vector stands for."""
+        self.gpu, self.cost_of = gpu, cost_of
+        index: dict = {}
+        rows, cols, vals, meas = [], [], [], []
+        for job, kinds in zip(jobs, measured):
+            if not kinds:
+                continue
+            counts = kind_counts(job)
+            for kind, seconds in sorted(kinds.items()):
+                if kind not in counts:
+                    raise ValueError(f"a measured {kind} time for a run of {job.model.name} "
+                                     f"whose programs have no {kind} op")
+                for op, n in counts[kind].items():
+                    rows.append(len(meas))
+                    cols.append(index.setdefault(op, len(index)))
+                    vals.append(n)
+                meas.append(seconds)
+        self.ops = list(index)
+        self.measured = np.asarray(meas, float)
+        self.counts = csr_matrix((vals, (rows, cols)), shape=(len(meas), len(self.ops)))
+
+    def __len__(self) -> int:
+        return len(self.measured)
+
+    def predict(self, values) -> np.ndarray:
+        cost = self.cost_of(values)
+        return self.counts @ np.array([cost.compute_time(op, self.gpu) for op in self.ops])
+
+    def residuals(self, values) -> np.ndarray:
+        """KIND_WEIGHT * log(predicted / measured) per (run, kind)."""
+        return KIND_WEIGHT * np.log(self.predict(values) / self.measured)
+
+    def jacobian(self, x: np.ndarray, step: float, width: int) -> np.ndarray:
+        """d residuals / d x (log-parameters, forward differences of ``step``), padded with
+        zero columns to ``width`` (the shape factors, which kind times do not see)."""
+        base = self.residuals(np.exp(x))
+        out = np.zeros((len(self), width))
+        for j in range(len(x)):
+            xj = x.copy()
+            xj[j] += step
+            out[:, j] = (self.residuals(np.exp(xj)) - base) / step
+        return out
