@@ -83,6 +83,12 @@ class CostModel:
     host_comm_per_rank_us: float = 0.0
     """Host time a collective adds per member of its group (connections and channels NCCL
     sets up and launches on: larger groups cost the issuing host more)."""
+    host_comm_by_group_us: dict = field(default_factory=dict)
+    """Group role (dp, tp, pp, ...: a joined role such as dp-cp goes by its first part) ->
+    host time to issue one of its collectives or send/recvs, where it differs from
+    host_comm_us: the framework layer that issues a call (DDP's and FSDP's hooks on dp,
+    DTensor's redistribution on tp) costs its own. Fitted on ranks on CPU cores, where that
+    time is the compute thread's (twin.sim.thread)."""
     p2p_host_sync: bool = False
     """The host waits for each batch of send/recv ops and the work before it to finish
     before issuing more (Megatron: batch_isend_irecv, then torch.cuda.synchronize())."""
@@ -175,10 +181,15 @@ class CostModel:
         if op.is_compute:
             return self.kernel(op.kind, op.dtype).host_us * 1e-6
         if op.is_collective:
-            return (self.host_comm_us + self.host_comm_per_rank_us * len(op.group)) * 1e-6
+            return (self.comm_host_us(call_role(op)) + self.host_comm_per_rank_us * len(op.group)) \
+                * 1e-6
         if op.is_p2p:
-            return self.host_comm_us * 1e-6
+            return self.comm_host_us(call_role(op)) * 1e-6
         return 0.0
+
+    def comm_host_us(self, role: str) -> float:
+        """Host microseconds to issue one call on a group of ``role`` (call_role)."""
+        return self.host_comm_by_group_us.get(role, self.host_comm_us)
 
     def link_latency_s(self, cluster: ClusterSpec, inter: bool) -> float:
         lc = self.inter if inter else self.intra
@@ -260,6 +271,12 @@ SHAPE_RANGE = (0.25, 4.0)
 """Bounds of a fitted kernel shape's factor (measured over modelled time)."""
 SHAPED_KINDS = ("gemm", "attention")
 """Compute kinds whose time ``CostModel.shape_factors`` can set per shape."""
+
+
+def call_role(op: Op) -> str:
+    """The group role a collective or send/recv is priced by in host_comm_by_group_us: its
+    group's name up to the first '-' (dp-cp: dp), pp for an unnamed send/recv."""
+    return op.group_name.partition("-")[0] or "pp"
 
 
 def shape_key(op: Op) -> str:

@@ -110,6 +110,14 @@ def profile_problems(data: dict, fields: list[str]) -> list[str]:
             _fits(problems, value)
         elif key == "shape_factors":
             _shapes(problems, value)
+        elif key == "host_comm_by_group_us":
+            if not isinstance(value, dict):
+                problems.append(f"host_comm_by_group_us={value!r} must map a group role "
+                                "(dp, tp, pp, ...) -> host time to issue one call, us")
+                continue
+            for role, us in value.items():
+                _number(problems, f"host_comm_by_group_us.{role}", us,
+                        SCALAR_RANGES["host_comm_us"], False)
     if "provenance" in data and not isinstance(data["provenance"], dict):
         problems.append(f"provenance={data['provenance']!r} must be a mapping")
     return problems

@@ -29,59 +29,24 @@ from scipy.optimize import least_squares
 from scipy.sparse import csr_matrix
 
 from twin.calibrate.kindtime import KindRetimer
+from twin.calibrate.params import (  # noqa: F401 - the fit's parameter space, public here
+    CPU_FREE,
+    CPU_STEP_FREE,
+    FREE,
+    HALF_FLOPS,
+    HALF_FLOPS_START,
+    LAUNCH_MAX_US,
+    free_for,
+    get,
+    with_params,
+)
 from twin.cost import SHAPE_RANGE, SHAPED_KINDS, CostModel, KernelCost, shape_key
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import CriticalPath, critical_path
 from twin.sim.critical import host_us as host_us_of
 from twin.sim.engine import SimOptions, Simulation, fold_classes
-from twin.spec import ClusterSpec, Job
+from twin.spec import Job
 
-LAUNCH_MAX_US = 30.0
-"""A kernel's device-side overhead (launch gap, tail) is microseconds; a fixed cost per op
-beyond that is the host's (dispatch, autograd, several kernels per op), which the host
-issue time models: bounding the device side keeps the two apart."""
-FREE: tuple[tuple[str | None, str, float, float], ...] = (
-    # (kernel kind or None for the model itself, field, lower, upper)
-    ("gemm", "efficiency", 0.05, 1.0),
-    ("gemm", "tile_exponent", 0.01, 1.0),
-    ("gemm", "launch_us", 0.1, LAUNCH_MAX_US),
-    ("gemm", "host_us", 0.1, 500.0),
-    ("attention", "efficiency", 0.02, 1.0),
-    ("attention", "mem_efficiency", 0.02, 2.0),
-    ("attention", "launch_us", 0.1, LAUNCH_MAX_US),
-    ("attention", "host_us", 0.1, 1000.0),
-    ("elementwise", "mem_efficiency", 0.02, 2.0),
-    ("elementwise", "launch_us", 0.1, LAUNCH_MAX_US),
-    ("elementwise", "host_us", 0.1, 500.0),
-    ("optimizer", "mem_efficiency", 0.02, 2.0),
-    ("optimizer", "host_us", 0.1, 5000.0),
-    (None, "host_comm_us", 0.1, 1000.0),
-    (None, "p2p_latency_us", 0.1, 1000.0),
-    (None, "host_comm_per_rank_us", 0.1, 500.0),
-)
-HALF_FLOPS = ("gemm", "half_flops", 1e6, 1e12)
-HALF_FLOPS_START = 2e10
-"""Where the size curve starts when the base has none: half the ceiling at about a 2048-cube GEMM."""
-CPU_FREE: tuple[tuple[str | None, str, float, float], ...] = (
-    # a shared-CPU rank runs its kernels on the thread that issues them: the framework's
-    # cost per op (dispatch, autograd, the eager optimizer's per-tensor loop) is time on
-    # that core, so it is fitted as each kind's per-op overhead (launch_us), not host_us
-    ("gemm", "efficiency", 0.05, 4.0),
-    ("gemm", "launch_us", 0.1, 5000.0),
-    ("attention", "efficiency", 0.02, 2.0),
-    ("attention", "launch_us", 0.1, 5000.0),
-    ("elementwise", "mem_efficiency", 0.02, 2.0),
-    ("elementwise", "launch_us", 0.1, 5000.0),
-    ("optimizer", "mem_efficiency", 0.02, 2.0),
-    ("optimizer", "launch_us", 0.1, 50000.0),
-    (None, "host_comm_us", 0.1, 5000.0),
-    (None, "p2p_latency_us", 0.1, 5000.0),
-)
-CPU_STEP_FREE = tuple(f for f in CPU_FREE if f[0] in (None, "optimizer") or f[1] == "launch_us")
-"""A shared-CPU fit that starts from a traces profile (``calibrate traces=``: the same kernels,
-measured op by op): what a framework's real step adds to the replayed ops (each kind's cost
-per op, the eager optimizer, issuing collectives and send/recv), the kernels' efficiencies
-held as the traces measured them."""
 ROBUST_ROWS = 100
 """From this many runs on, the fit's loss is robust (soft L1 beyond a 5% error: a large
 measured set has rows no cost model should chase); fewer are fitted by least squares, each
@@ -99,19 +64,6 @@ FOLD = "all"
 """Runs are simulated folded: copies along dp and tp are exact (tests/sim fold tests)."""
 
 
-def free_for(cluster: ClusterSpec, gemm_ceiling: bool = False, base: CostModel | None = None) -> tuple:
-    """What a fit from step times frees on ``cluster``: CPU_FREE on shared-CPU ranks (CPU_STEP_FREE
-    from a ``base`` fitted on traces), else FREE; with a ``gemm_ceiling`` the GEMMs' size curve
-    (half_flops) instead of their efficiency."""
-    if cluster.intra.kind == "shared_cpu":
-        traced = base is not None and isinstance(base.provenance, dict) and \
-            base.provenance.get("source") == "traces"
-        return CPU_STEP_FREE if traced else CPU_FREE
-    if gemm_ceiling:
-        return tuple(HALF_FLOPS if f[:2] == ("gemm", "efficiency") else f for f in FREE)
-    return FREE
-
-
 def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None = None,
               shared_cpu: bool = False) -> CostModel:
     """Where a fit from runs starts: ``base`` with every mechanism on at a typical size
@@ -123,6 +75,7 @@ def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None 
     if shared_cpu:
         return dataclasses.replace(
             base, p2p_latency_us=base.p2p_latency_us or 10.0,
+            host_comm_us=base.host_comm_us or 100.0,
             p2p_host_sync=base.p2p_host_sync if p2p_host_sync is None else p2p_host_sync)
     def kernel(kind: str, host_us: float, **more) -> KernelCost:
         k = getattr(base, kind)
@@ -135,35 +88,6 @@ def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None 
         host_comm_us=base.host_comm_us or 60.0, p2p_latency_us=base.p2p_latency_us or 10.0,
         host_comm_per_rank_us=base.host_comm_per_rank_us or 5.0,
         p2p_host_sync=base.p2p_host_sync if p2p_host_sync is None else p2p_host_sync)
-
-
-def get(cost: CostModel, kind: str | None, name: str, dtype: str = "") -> float:
-    """A FREE field's value in ``cost`` (a kernel field: the kernel ``dtype``'s ops use)."""
-    obj = cost if kind is None else cost.kernel(kind, dtype)
-    v = getattr(obj, name)
-    return float(v) if v is not None else 1.0
-
-
-def with_params(cost: CostModel, values: Sequence[float], free=FREE,
-                dtypes: Sequence[str] = ()) -> CostModel:
-    """``cost`` with the FREE fields set to ``values``: in each kind's default kernel and, for
-    the ``dtypes`` the runs use, in the kernel fitted for that dtype (kernels_by_dtype), which
-    is the one their ops are timed with."""
-    kinds: dict[str, dict] = {}
-    top: dict = {}
-    for (kind, name, _, _), v in zip(free, values):
-        if kind is None:
-            top[name] = float(v)
-        else:
-            kinds.setdefault(kind, {})[name] = float(v)
-    for kind, changes in kinds.items():
-        top[kind] = dataclasses.replace(getattr(cost, kind), **changes)
-    by_dtype = {dt: dict(ks) for dt, ks in cost.kernels_by_dtype.items()}
-    for dt in dtypes:
-        for kind, changes in kinds.items():
-            if kind in by_dtype.get(dt, {}):
-                by_dtype[dt][kind] = dataclasses.replace(by_dtype[dt][kind], **changes)
-    return dataclasses.replace(cost, **top, kernels_by_dtype=by_dtype)
 
 
 def p2p_latency_s(cost: CostModel) -> float:

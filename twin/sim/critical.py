@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 
-from twin.cost import CostModel
+from twin.cost import CostModel, call_role
 from twin.schedule.ir import Op
 from twin.spec import GPUSpec
 from twin.vocab import COLLECTIVE_KINDS, P2P_KINDS
@@ -97,6 +97,8 @@ def host_us(cost: CostModel, kind: str, dtype: str = "") -> float:
     fitted for ``dtype`` where the profile has one)."""
     if kind == "comm":
         return cost.host_comm_us
+    if kind.startswith("comm@"):  # a call on a group of that role
+        return cost.comm_host_us(kind[5:])
     if kind == "comm_ranks":
         return cost.host_comm_per_rank_us
     return cost.kernel(kind, dtype).host_us
@@ -221,6 +223,11 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
                 sig = _key(op)
                 path.compute[sig] += 1
                 add(ready, done, counter="compute", key=sig)
+                c = sim.structure_of(rank).charged.get(i)
+                if c is not None:  # its thread issued calls first (ranks on CPU cores)
+                    for kind, n in (*((f"comm@{r}", k) for r, k in c.calls), ("comm_ranks", c.members)):
+                        path.host[kind] += n
+                        add(ready, done, counter="host", key=kind, n=n)
                 path.other_s += max(0.0, t - done)
                 add(done, t, "other_s", max(0.0, t - done))
         end = sim.end[rank]
@@ -253,7 +260,8 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
             issued = when
             when = float(end[j]) if j >= 0 else 0.0
             for o in sim.programs[rank].ops[first: i + 1]:
-                kind = o.kind if o.is_compute else "comm" if o.is_collective or o.is_p2p else ""
+                kind = o.kind if o.is_compute else f"comm@{call_role(o)}" \
+                    if o.is_collective or o.is_p2p else ""
                 if kind:
                     path.host[kind] += 1
                     add(when, issued, counter="host", key=kind)

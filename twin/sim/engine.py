@@ -41,6 +41,7 @@ from twin.sim.records import (  # noqa: F401 - SimOptions, fold_classes: public 
     folded_shifts,
 )
 from twin.sim.sendrecv import SendRecv
+from twin.sim.thread import issue_cost, thread_charges
 from twin.sim.topology import Topology
 from twin.sim.walks import Walk, memory_times, structure, walk_of
 from twin.spec import Job
@@ -325,8 +326,17 @@ class Simulation:
         out = self._structures.get(key)
         if out is None:
             gpu, cost = self.job.cluster.gpu, self.cost
-            out = self._structures[key] = structure(
-                prog.ops, lambda op: cost.compute_time(op, gpu), host_plan(prog.ops, cost))
+            if not self.topo.shared_cpu:
+                out = self._structures[key] = structure(
+                    prog.ops, lambda op: cost.compute_time(op, gpu), host_plan(prog.ops, cost))
+                return out
+            # ranks on CPU cores: the thread that computes pays for issuing the calls
+            charges = thread_charges(prog.ops, cost)
+            out = structure(prog.ops, lambda op: cost.compute_time(op, gpu),
+                            host_plan(prog.ops, issue_cost(cost)))
+            for i, c in charges.items():
+                out.base_s[i] += c.seconds
+            out = self._structures[key] = out._replace(charged=charges)
         return out
 
     def structure_of(self, rank: int) -> Structure:

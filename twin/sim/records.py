@@ -232,3 +232,6 @@ class Structure(NamedTuple):
     """Per op: a compute op (Op.is_compute)."""
     memory: list[int] = []
     """Memory ops (stream mem), in program order."""
+    charged: dict = {}
+    """Ranks on CPU cores: compute op -> the host time of the calls its thread issues before
+    it (twin.sim.thread.Charge), already in its ``base_s``."""

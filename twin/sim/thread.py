@@ -1,0 +1,64 @@
+"""Ranks on CPU cores: the host thread is the compute thread.
+
+A GPU rank's host runs ahead of its device, issuing ops (twin.sim.host). A rank that is a
+process on CPU cores (``shared_cpu``) has no device to run ahead: its thread runs the
+kernels itself, so the host time of a collective or send/recv (dispatch, the framework's
+hooks around it, handing the buffer to gloo) is time that thread does not compute. Each
+such call's host time (``CostModel.host_time``: per call by its group's role, per member)
+is put on the compute op the thread runs next in program order (the last one for calls
+after every compute op), and the issue timeline carries none of it (``issue_cost``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from twin.cost import CostModel, call_role
+from twin.schedule.ir import Op
+
+
+@dataclass(frozen=True)
+class Charge:
+    """The calls a compute op's thread issues just before it, and their host time."""
+
+    seconds: float
+    calls: tuple[tuple[str, int], ...]
+    """(group role, calls): each costs ``CostModel.comm_host_us(role)``."""
+    members: int
+    """Their collectives' group members summed (each ``host_comm_per_rank_us``)."""
+
+
+def thread_charges(ops: list[Op], cost: CostModel) -> dict[int, Charge]:
+    """Compute op -> the Charge of the calls issued between it and the compute op before
+    it (counted at zero cost too: a fit re-times them through the critical path)."""
+    pending: dict[str, int] = {}
+    members = 0
+    out: dict[int, tuple[dict[str, int], int]] = {}
+    last = -1
+    for i, op in enumerate(ops):
+        if op.is_collective or op.is_p2p:
+            role = call_role(op)
+            pending[role] = pending.get(role, 0) + 1
+            members += len(op.group) if op.is_collective else 0
+        elif op.is_compute:
+            last = i
+            if pending:
+                out[i] = (pending, members)
+                pending, members = {}, 0
+    if pending and last >= 0:  # calls after the last compute op: that op's thread
+        calls, m = out.get(last, ({}, 0))
+        for role, n in pending.items():
+            calls[role] = calls.get(role, 0) + n
+        out[last] = (calls, m + members)
+    per_rank = cost.host_comm_per_rank_us
+    return {i: Charge((sum(cost.comm_host_us(r) * n for r, n in calls.items()) + per_rank * m)
+                      * 1e-6, tuple(sorted(calls.items())), m)
+            for i, (calls, m) in out.items()}
+
+
+def issue_cost(cost: CostModel) -> CostModel:
+    """``cost`` with no host time for calls: what the issue timeline (twin.sim.host) of a
+    thread that pays them itself (thread_charges) charges."""
+    return dataclasses.replace(cost, host_comm_us=0.0, host_comm_per_rank_us=0.0,
+                               host_comm_by_group_us={})
