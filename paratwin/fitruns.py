@@ -24,6 +24,7 @@ from paratwin.config import load_profile
 from paratwin.runs import RunJob, column_map, jobs_from_runs
 from twin import rundir
 from twin.calibrate.accuracy import Scored, holdout, kfold, score
+from twin.calibrate.kindtime import kind_errors
 from twin.calibrate.nccl_tests import NcclTestsError, read_nccl_tests
 from twin.calibrate.profile import fit_collectives
 from twin.calibrate.stepfit import fit_start, fit_steps, predict
@@ -203,8 +204,13 @@ def validate_runs(cfg, claim, load_profile) -> dict:
     result = score([Scored(_model(r.job), _group(r.job), r.run.step_time_s, preds[i][0])
                     for i, r in enumerate(rows)])
     write_runs_table(run_dir, rows, preds)
+    kinds = {}
+    for name, cost in profiles.items():  # the runs that measured time per op kind
+        sub = [r for r in rows if r.job.cluster.name == name and r.run.kinds]
+        kinds.update(kind_errors([r.job for r in sub], [r.run.kinds for r in sub], cost))
     report = {"runs": str(cfg.runs), "rows": len(rows), "out_dir": str(run_dir),
-              "profiles": {k: getattr(v, "name", "") for k, v in profiles.items()}, **result}
+              "profiles": {k: getattr(v, "name", "") for k, v in profiles.items()}, **result,
+              "kinds": kinds}
     rundir.write_json(run_dir / "validate.json", report)
     return report
 
@@ -218,6 +224,9 @@ def format_validation(report: dict) -> str:
              f"  Spearman per model: min {_num(report['spearman_min'])}, median "
              f"{_num(report['spearman_median'])}; top-1 regret over {report['groups']} plan "
              f"groups: mean {_pct(report['regret_mean'])}, largest {_pct(report['regret_max'])}",
+             *([("  time per op kind, |error| median / largest: " + ", ".join(
+                 f"{k} {_pct(v['median_abs_error'])} / {_pct(v['max_abs_error'])} ({v['rows']} runs)"
+                 for k, v in report["kinds"].items()))] if report.get("kinds") else []),
              f"  {report['out_dir']}: validate.json, runs_modelled.csv, report.html"]
     return "\n".join(lines)
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 ROWS = [  # model, parallel preset, tp, dp, micro-batch, step time (ms): made-up measurements
     ("tiny", "ddp", 1, 2, 1, 41.0), ("tiny", "ddp", 1, 2, 2, 63.0), ("tiny", "tp", 2, 1, 1, 55.0),
@@ -125,6 +126,13 @@ def test_measured_kind_times_are_fitted_from_the_runs_file(tmp_path):
     before = np.abs(gemm_s(tmp_path / "p.yaml") / target - 1)
     after = np.abs(gemm_s(tmp_path / "k.yaml") / target - 1)
     assert np.median(after) < 0.5 * np.median(before)
+    # validate runs= reports each measured kind's error under the profile it is given
+    out = paratwin("validate", f"runs={tmp_path / 'kinds.csv'}", f"calibration={tmp_path / 'k.yaml'}",
+                   "workers=1", "report=false", f"out_dir={tmp_path / 'v'}", "format=json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    kinds = json.loads(out.stdout)["kinds"]
+    assert list(kinds) == ["gemm"] and kinds["gemm"]["rows"] == 6
+    assert kinds["gemm"]["median_abs_error"] == pytest.approx(np.median(after), abs=1e-6)
     with (tmp_path / "bad.csv").open("w", newline="") as fh:  # an empty cell: not measured
         csv.writer(fh).writerows([rows[0] + ["gemm_s"]] + [r + ["-1" if k == 2 else ""]
                                                            for k, r in enumerate(rows[1:], 1)])

@@ -98,3 +98,17 @@ class KindRetimer:
             xj[j] += step
             out[:, j] = (self.residuals(np.exp(xj)) - base) / step
         return out
+
+
+def kind_errors(jobs: Sequence[Job], measured: Sequence[Mapping[str, float]], cost) -> dict:
+    """Per kind measured in some run: how many runs measured it and the median and largest
+    |predicted / measured - 1| under ``cost`` (empty when no run measured a kind)."""
+    out: dict[str, dict] = {}
+    for job, kinds in zip(jobs, measured):
+        if not kinds:
+            continue
+        rt = KindRetimer([job], [kinds], job.cluster.gpu, lambda _v: cost)
+        for kind, err in zip(sorted(kinds), rt.predict(None) / rt.measured - 1):
+            out.setdefault(kind, []).append(abs(float(err)))
+    return {k: {"rows": len(e), "median_abs_error": float(np.median(e)),
+                "max_abs_error": max(e)} for k, e in sorted(out.items())}
