@@ -166,9 +166,12 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
     profile_path.parent.mkdir(parents=True, exist_ok=True)
     profile.save(profile_path)
     profile.save(run_dir / rundir.PROFILE)
+    measured = [r for r in rows if r.run.kinds]  # in-sample: how the kinds were met
     report = {"profile": str(profile_path), "run_dir": str(run_dir), "rows": len(rows),
               "params": final.params,
-              "rounds": final.rounds, "fit_seconds": final.seconds, "held_out": held}
+              "rounds": final.rounds, "fit_seconds": final.seconds, "held_out": held,
+              "kinds": kind_errors([r.job for r in measured], [r.run.kinds for r in measured],
+                                   final.cost)}
     rundir.write_json(run_dir / rundir.FITS, report)
     write_runs_table(run_dir, rows, preds)
     return report
@@ -224,11 +227,15 @@ def format_validation(report: dict) -> str:
              f"  Spearman per model: min {_num(report['spearman_min'])}, median "
              f"{_num(report['spearman_median'])}; top-1 regret over {report['groups']} plan "
              f"groups: mean {_pct(report['regret_mean'])}, largest {_pct(report['regret_max'])}",
-             *([("  time per op kind, |error| median / largest: " + ", ".join(
-                 f"{k} {_pct(v['median_abs_error'])} / {_pct(v['max_abs_error'])} ({v['rows']} runs)"
-                 for k, v in report["kinds"].items()))] if report.get("kinds") else []),
+             *([_kinds_line("  time per op kind, |error| median / largest: ", report["kinds"])]
+               if report.get("kinds") else []),
              f"  {report['out_dir']}: validate.json, runs_modelled.csv, report.html"]
     return "\n".join(lines)
+
+
+def _kinds_line(head: str, kinds: dict) -> str:
+    return head + ", ".join(f"{k} {_pct(v['median_abs_error'])} / {_pct(v['max_abs_error'])} "
+                            f"({v['rows']} runs)" for k, v in kinds.items())
 
 
 def _pct(x) -> str:
@@ -250,4 +257,6 @@ def format_report(report: dict) -> str:
                      f"per model min {_num(h['spearman_min'])}, median {_num(h['spearman_median'])}; "
                      f"top-1 regret mean {_pct(h['regret_mean'])}, largest {_pct(h['regret_max'])}")
     lines.append("parameters: " + ", ".join(f"{k} {v:.3g}" for k, v in report["params"].items()))
+    if report.get("kinds"):
+        lines.append(_kinds_line("time per op kind, fitted |error| median / largest: ", report["kinds"]))
     return "\n".join(lines)

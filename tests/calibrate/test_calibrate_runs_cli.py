@@ -121,8 +121,11 @@ def test_measured_kind_times_are_fitted_from_the_runs_file(tmp_path):
         csv.writer(fh).writerows([rows[0] + ["gemm_s"]] + [r + [f"{t:.6g}"]
                                                            for r, t in zip(rows[1:], target)])
     out = paratwin("calibrate", f"runs={tmp_path / 'kinds.csv'}", "folds=0", "workers=1",
-                   f"out={tmp_path / 'k.yaml'}", f"out_dir={tmp_path / 'ck'}", cwd=tmp_path)
+                   f"out={tmp_path / 'k.yaml'}", f"out_dir={tmp_path / 'ck'}", "format=json",
+                   cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
+    fitted = json.loads(out.stdout)["kinds"]  # how the fit met them, in-sample
+    assert list(fitted) == ["gemm"] and fitted["gemm"]["rows"] == 6
     before = np.abs(gemm_s(tmp_path / "p.yaml") / target - 1)
     after = np.abs(gemm_s(tmp_path / "k.yaml") / target - 1)
     assert np.median(after) < 0.5 * np.median(before)
