@@ -12,7 +12,7 @@ import pytest
 from tests.calibrate.test_stepfit import CPU_TRUE_KERNELS, _cpu_jobs
 from twin.calibrate.kindtime import FIT_KINDS, KindRetimer, kind_counts
 from twin.calibrate.stepfit import CPU_FREE, fit_steps, predict, with_params
-from twin.cost import CostModel
+from twin.cost import CostModel, shape_key
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import _key
 
@@ -88,3 +88,30 @@ def test_measured_kinds_place_the_costs_step_times_leave_traded():
     assert np.median(np.abs(pred)) < 0.03
     assert with_params(start, [400.0, 300.0, 150.0, 2000.0], free, ["fp32"]).kernel(
         "gemm", "fp32").launch_us == 400.0  # the free fields are the four kinds' launch_us
+
+
+def test_shape_factors_scale_a_kinds_roofline_and_their_derivative_is_exact():
+    """Where the fit frees kernel shape factors (on GPUs by default), a kind's predicted time
+    carries them: a factor f on a GEMM shape scales that shape's roofline time (not its
+    launch), and the analytic derivative matches forward differences."""
+    job = _pipeline_job()
+    gpu = job.cluster.gpu
+    rt = KindRetimer([job], [{"gemm": 0.05, "attention": 0.01}], gpu, lambda _v: TRUTH)
+    keys = sorted({shape_key(op) for op in rt.ops if op.kind == "gemm"})
+    rt.shapes(keys)
+    plain = rt.predict(None, np.zeros(len(keys)))
+    assert plain == pytest.approx(KindRetimer([job], [{"gemm": 0.05, "attention": 0.01}], gpu,
+                                              lambda _v: TRUTH).predict(None))
+    launch = sum(n * TRUTH.kernel("gemm", "fp32").launch_us * 1e-6
+                 for n in kind_counts(job)["gemm"].values())
+    doubled = rt.predict(None, np.full(len(keys), np.log(2.0)))
+    # rows in kind order: attention, then gemm
+    assert doubled[1] - launch == pytest.approx(2 * (plain[1] - launch))
+    assert doubled[0] == pytest.approx(plain[0])  # attention has no GEMM shape
+    logs = np.linspace(-0.2, 0.3, len(keys))
+    jac = rt.jacobian(np.zeros(0), 1e-6, logs)
+    for j in range(len(keys)):
+        bumped = logs.copy()
+        bumped[j] += 1e-6
+        fd = (rt.residuals(None, bumped) - rt.residuals(None, logs)) / 1e-6
+        assert jac[:, j] == pytest.approx(fd, rel=1e-4, abs=1e-9)

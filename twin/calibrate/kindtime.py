@@ -11,7 +11,7 @@ A run's kind target is the seconds per step one rank spends in the kind's ops, t
 over the ranks (the runs file's ``gemm_s``, ``attention_s``, ``elementwise_s``,
 ``optimizer_s``). Its prediction is the same mean over the job's programs: each compute op
 of the kind at the cost model's time, uncontended (a profiler's CPU time of an op is its own,
-not its wait for a shared core). Shape factors are not applied to it.
+not its wait for a shared core), with the fit's kernel shape factors where it frees them.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from scipy.sparse import csr_matrix
 
+from twin.cost import SHAPED_KINDS, shape_key
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import _key
 from twin.sim.engine import fold_classes
@@ -76,27 +77,54 @@ class KindRetimer:
         self.ops = list(index)
         self.measured = np.asarray(meas, float)
         self.counts = csr_matrix((vals, (rows, cols)), shape=(len(meas), len(self.ops)))
+        self.shape_of = np.full(len(self.ops), -1)
 
     def __len__(self) -> int:
         return len(self.measured)
 
-    def predict(self, values) -> np.ndarray:
+    def shapes(self, keys: Sequence[str]) -> None:
+        """The shape keys whose factors the fit frees (their log factors follow the model's
+        fields in a parameter vector, as in ``twin.calibrate.stepfit``)."""
+        column = {k: i for i, k in enumerate(keys)}
+        self.shape_of = np.array([column.get(shape_key(op), -1) if op.kind in SHAPED_KINDS
+                                  else -1 for op in self.ops], int)
+
+    def parts(self, values, shape_logs=()) -> tuple[np.ndarray, np.ndarray]:
+        """(predicted seconds per (run, kind), the shaped roofline seconds of each op)."""
         cost = self.cost_of(values)
-        return self.counts @ np.array([cost.compute_time(op, self.gpu) for op in self.ops])
+        times = np.array([cost.compute_time(op, self.gpu) for op in self.ops])
+        shaped = np.zeros(len(self.ops))
+        has = self.shape_of >= 0
+        if has.any():
+            launch = np.array([cost.kernel(op.kind, op.dtype).launch_us * 1e-6
+                               for op in self.ops])
+            factor = np.exp(np.asarray(shape_logs, float))[self.shape_of[has]]
+            shaped[has] = (times[has] - launch[has]) * factor
+            times[has] = shaped[has] + launch[has]
+        return self.counts @ times, shaped
 
-    def residuals(self, values) -> np.ndarray:
+    def predict(self, values, shape_logs=()) -> np.ndarray:
+        return self.parts(values, shape_logs)[0]
+
+    def residuals(self, values, shape_logs=()) -> np.ndarray:
         """KIND_WEIGHT * log(predicted / measured) per (run, kind)."""
-        return KIND_WEIGHT * np.log(self.predict(values) / self.measured)
+        return KIND_WEIGHT * np.log(self.predict(values, shape_logs) / self.measured)
 
-    def jacobian(self, x: np.ndarray, step: float, width: int) -> np.ndarray:
-        """d residuals / d x (log-parameters, forward differences of ``step``), padded with
-        zero columns to ``width`` (the shape factors, which kind times do not see)."""
-        base = self.residuals(np.exp(x))
-        out = np.zeros((len(self), width))
+    def jacobian(self, x: np.ndarray, step: float, shape_logs=()) -> np.ndarray:
+        """d residuals / d (x, shape_logs): the model's log-fields by forward differences of
+        ``step``, the shape factors exactly."""
+        pred, shaped = self.parts(np.exp(x), shape_logs)
+        base = KIND_WEIGHT * np.log(pred / self.measured)
+        n = len(shape_logs)
+        out = np.zeros((len(self), len(x) + n))
         for j in range(len(x)):
             xj = x.copy()
             xj[j] += step
-            out[:, j] = (self.residuals(np.exp(xj)) - base) / step
+            out[:, j] = (self.residuals(np.exp(xj), shape_logs) - base) / step
+        if n:
+            has = np.flatnonzero(self.shape_of >= 0)
+            pick = csr_matrix((shaped[has], (has, self.shape_of[has])), shape=(len(self.ops), n))
+            out[:, len(x):] = KIND_WEIGHT * (self.counts @ pick).toarray() / pred[:, None]
         return out
 
 

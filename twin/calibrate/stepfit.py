@@ -259,6 +259,8 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
         paths = predict(jobs, cost, workers)
         sim_err = np.array([p.step_s for p in paths]) / meas - 1
         keys = path_shapes(paths) if shapes else []
+        if by_kind:
+            by_kind.shapes(keys)
         retime = _Retimer(paths, gpu, base, free, dtypes, keys)
         s0 = np.array([factors.get(key, 0.0) for key in keys])
         s_start = np.array([math.log(base.shape_factors.get(key, 1.0)) for key in keys])
@@ -275,7 +277,7 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
 
         def residuals(x, retime=retime, prior=prior, center=center):
             pred = retime(np.exp(x[:g]), x[g:])
-            held = by_kind.residuals(np.exp(x[:g])) if by_kind else []
+            held = by_kind.residuals(np.exp(x[:g]), x[g:]) if by_kind else []
             return np.concatenate([np.log(pred / meas), held, PRIOR_WEIGHT * (x - prior), center @ x])
 
         def jacobian(x, retime=retime, center=center):
@@ -289,7 +291,7 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
             if retime.n_shapes:
                 top = np.hstack([top, (retime.shape_jacobian(shaped).multiply(1 / pred[:, None]))
                                  .toarray()])
-            held = [by_kind.jacobian(x[:g], FD_STEP, len(x))] if by_kind else []
+            held = [by_kind.jacobian(x[:g], FD_STEP, x[g:])] if by_kind else []
             return np.vstack([top, *held, PRIOR_WEIGHT * np.eye(len(x)), center])
 
         x_init = np.clip(np.concatenate([x0, s0]), lo_all + 1e-9, hi_all - 1e-9)
