@@ -11,7 +11,7 @@ OUT/validate_pytorch (the suite's PyTorch steps)). For each OUT and each way of 
 `paratwin calibrate runs=... start=OUT/profile.yaml` into OUT/refit/, simulates every suite
 run under the fitted profile and prints the suite's figures at world size 2 (median and
 largest |error| against the measured median, how many inside the measured p10-p90 band), the
-4-rank 3D run's error (information) and the fitted parameters.
+4-rank 3D run's error (information) and the fitted parameters. It writes only under OUT/refit/.
 """
 
 from __future__ import annotations
@@ -69,7 +69,13 @@ def hold(out: Path, cost: CostModel) -> list[tuple[str, int, float, bool]]:
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    for out in map(Path, sys.argv[1:]):
+    outs = list(map(Path, sys.argv[1:]))
+    for out in outs:  # every directory checked before anything is fitted or written
+        for need in (out / "profile.yaml", out / "train_pytorch" / "runs.csv", out / "validate_pytorch"):
+            if not need.exists():
+                sys.exit(f"{out} is not a validate_suite.py --fit-first against=pytorch|both "
+                         f"out_dir: it has no {need.relative_to(out)}")
+    for out in outs:
         (out / "refit").mkdir(exist_ok=True)
         for label, kinds in (("steps+kinds", True), ("steps", False)):
             prof = out / "refit" / f"profile_{label.replace('+', '_')}.yaml"
@@ -78,7 +84,8 @@ def main() -> None:
                                  "folds=0", f"out={prof}", f"out_dir={out / 'refit' / label}",
                                  "force=true", "format=json"], capture_output=True, text=True)
             if rc.returncode:
-                sys.exit(rc.stderr.strip().splitlines()[-1])
+                lines = rc.stderr.strip().splitlines()
+                sys.exit(lines[-1] if lines else f"paratwin calibrate exited {rc.returncode}")
             params = json.loads(rc.stdout)["params"]
             rows = hold(out, CostModel.load(prof))
             w2 = [r for r in rows if r[1] == 2]

@@ -14,7 +14,7 @@ from twin.calibrate.kindtime import FIT_KINDS, KindRetimer, kind_counts
 from twin.calibrate.stepfit import CPU_FREE, fit_steps, predict, with_params
 from twin.cost import CostModel, shape_key
 from twin.schedule.builder import build_schedule
-from twin.sim.critical import _key
+from twin.sim.critical import signature
 
 TRUTH = CostModel(name="cpu-truth", core_share=True, base_latency_us=60.0,
                   kernels_by_dtype={"fp32": CPU_TRUE_KERNELS})
@@ -27,7 +27,7 @@ def _pipeline_job():
 def test_kind_counts_are_the_mean_of_the_ranks_programs():
     job = _pipeline_job()
     sched = build_schedule(job)
-    per_rank = [Counter(_key(op) for op in sched.program(r).ops if op.kind == "gemm")
+    per_rank = [Counter(signature(op) for op in sched.program(r).ops if op.kind == "gemm")
                 for r in range(job.grid.world_size)]
     assert per_rank[0] != per_rank[1]  # two stages: the head's GEMMs are the last stage's
     want = {op: (per_rank[0][op] + per_rank[1][op]) / 2 for op in per_rank[0] | per_rank[1]}

@@ -22,11 +22,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from scipy.sparse import csr_matrix
 
-from twin.cost import SHAPED_KINDS, shape_key
+from twin.calibrate.shapes import shape_columns, shape_pick, shaped_times
 from twin.schedule.builder import build_schedule
-from twin.sim.critical import _key
+from twin.sim.critical import signature
 from twin.sim.engine import fold_classes
-from twin.spec import Job
+from twin.spec import ConfigError, Job
 
 KIND_WEIGHT = 0.5
 """Weight of a kind's log error beside a step's (a kind's 10% counts as a step's 5%): the
@@ -46,7 +46,7 @@ def kind_counts(job: Job) -> dict[str, Counter]:
         w = len(members) / world
         for op in schedule.program(rep).ops:
             if op.is_compute and op.kind in FIT_KINDS:
-                out.setdefault(op.kind, Counter())[_key(op)] += w
+                out.setdefault(op.kind, Counter())[signature(op)] += w
     return out
 
 
@@ -67,8 +67,9 @@ class KindRetimer:
             counts = kind_counts(job)
             for kind, seconds in sorted(kinds.items()):
                 if kind not in counts:
-                    raise ValueError(f"a measured {kind} time for a run of {job.model.name} "
-                                     f"whose programs have no {kind} op")
+                    raise ConfigError(f"a measured {kind} time for a run of {job.model.name} "
+                                      f"whose programs have no {kind} op; leave its {kind}_s "
+                                      "cell empty")
                 for op, n in counts[kind].items():
                     rows.append(len(meas))
                     cols.append(index.setdefault(op, len(index)))
@@ -85,22 +86,12 @@ class KindRetimer:
     def shapes(self, keys: Sequence[str]) -> None:
         """The shape keys whose factors the fit frees (their log factors follow the model's
         fields in a parameter vector, as in ``twin.calibrate.stepfit``)."""
-        column = {k: i for i, k in enumerate(keys)}
-        self.shape_of = np.array([column.get(shape_key(op), -1) if op.kind in SHAPED_KINDS
-                                  else -1 for op in self.ops], int)
+        self.shape_of = shape_columns(self.ops, keys)
 
     def parts(self, values, shape_logs=()) -> tuple[np.ndarray, np.ndarray]:
         """(predicted seconds per (run, kind), the shaped roofline seconds of each op)."""
-        cost = self.cost_of(values)
-        times = np.array([cost.compute_time(op, self.gpu) for op in self.ops])
-        shaped = np.zeros(len(self.ops))
-        has = self.shape_of >= 0
-        if has.any():
-            launch = np.array([cost.kernel(op.kind, op.dtype).launch_us * 1e-6
-                               for op in self.ops])
-            factor = np.exp(np.asarray(shape_logs, float))[self.shape_of[has]]
-            shaped[has] = (times[has] - launch[has]) * factor
-            times[has] = shaped[has] + launch[has]
+        times, shaped = shaped_times(self.cost_of(values), self.ops, self.gpu, self.shape_of,
+                                     shape_logs)
         return self.counts @ times, shaped
 
     def predict(self, values, shape_logs=()) -> np.ndarray:
@@ -122,8 +113,7 @@ class KindRetimer:
             xj[j] += step
             out[:, j] = (self.residuals(np.exp(xj), shape_logs) - base) / step
         if n:
-            has = np.flatnonzero(self.shape_of >= 0)
-            pick = csr_matrix((shaped[has], (has, self.shape_of[has])), shape=(len(self.ops), n))
+            pick = shape_pick(shaped, self.shape_of, n)
             out[:, len(x):] = KIND_WEIGHT * (self.counts @ pick).toarray() / pred[:, None]
         return out
 

@@ -40,6 +40,7 @@ from twin.calibrate.params import (  # noqa: F401 - the fit's parameter space, p
     get,
     with_params,
 )
+from twin.calibrate.shapes import shape_columns, shape_pick, shaped_times
 from twin.cost import SHAPE_RANGE, SHAPED_KINDS, CostModel, KernelCost, shape_key
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import CriticalPath, critical_path
@@ -164,9 +165,7 @@ class _Retimer:
                 vals.append(n)
         self.ops = list(index)
         self.counts = csr_matrix((vals, (rows, cols)), shape=(len(paths), len(self.ops)))
-        column = {k: i for i, k in enumerate(shapes)}
-        self.shape_of = np.array([column.get(shape_key(op), -1) if op.kind in SHAPED_KINDS
-                                  else -1 for op in self.ops], int)
+        self.shape_of = shape_columns(self.ops, shapes)
         self.n_shapes = len(shapes)
         kinds = sorted({k for p in paths for k in p.host})
         self.host_kinds = kinds
@@ -178,14 +177,7 @@ class _Retimer:
     def parts(self, values, shape_logs=()) -> tuple[np.ndarray, np.ndarray]:
         """(step time of each path, the shaped roofline seconds of each op)."""
         cost = with_params(self.base, values, self.free, self.dtypes)
-        times = np.array([cost.compute_time(op, self.gpu) for op in self.ops])
-        shaped = np.zeros(len(self.ops))
-        if self.n_shapes:
-            launch = np.array([cost.kernel(op.kind, op.dtype).launch_us * 1e-6 for op in self.ops])
-            has = self.shape_of >= 0
-            factor = np.exp(np.asarray(shape_logs, float))[self.shape_of[has]]
-            shaped[has] = (times[has] - launch[has]) * factor
-            times[has] = shaped[has] + launch[has]
+        times, shaped = shaped_times(cost, self.ops, self.gpu, self.shape_of, shape_logs)
         dtype = self.dtypes[0] if len(self.dtypes) == 1 else ""
         host_us = np.array([host_us_of(cost, k, dtype) for k in self.host_kinds])
         host = self.host @ host_us * 1e-6 if self.host_kinds else 0.0
@@ -197,10 +189,7 @@ class _Retimer:
 
     def shape_jacobian(self, shaped: np.ndarray) -> csr_matrix:
         """d step / d log(shape factor): per path, the shaped seconds it spends in each shape."""
-        has = np.flatnonzero(self.shape_of >= 0)
-        pick = csr_matrix((shaped[has], (has, self.shape_of[has])),
-                          shape=(len(self.ops), self.n_shapes))
-        return (self.counts @ pick).tocsr()
+        return (self.counts @ shape_pick(shaped, self.shape_of, self.n_shapes)).tocsr()
 
 
 def path_shapes(paths: Sequence[CriticalPath]) -> list[str]:

@@ -95,8 +95,6 @@ class CriticalPath:
 def host_us(cost: CostModel, kind: str, dtype: str = "") -> float:
     """The host's microseconds per count of ``kind`` in ``CriticalPath.host`` (the kernel
     fitted for ``dtype`` where the profile has one)."""
-    if kind == "comm":
-        return cost.host_comm_us
     if kind.startswith("comm@"):  # a call on a group of that role
         return cost.comm_host_us(kind[5:])
     if kind == "comm_ranks":
@@ -104,7 +102,7 @@ def host_us(cost: CostModel, kind: str, dtype: str = "") -> float:
     return cost.kernel(kind, dtype).host_us
 
 
-def _key(op: Op) -> Op:
+def signature(op: Op) -> Op:
     """The op as a compute signature: what its cost depends on, nothing else."""
     return Op(name="", kind=op.kind, stream="compute", dtype=op.dtype, shape=tuple(op.shape),
               flops=float(op.flops), bytes=float(op.bytes))
@@ -220,7 +218,7 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
             ready = float(sim.start[rank][i])
             if op.is_compute:
                 done = float(sim.end[rank][i])
-                sig = _key(op)
+                sig = signature(op)
                 path.compute[sig] += 1
                 add(ready, done, counter="compute", key=sig)
                 c = sim.structure_of(rank).charged.get(i)

@@ -12,6 +12,7 @@ after every compute op), and the issue timeline carries none of it (``issue_cost
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 
 from twin.cost import CostModel, call_role
@@ -31,30 +32,26 @@ class Charge:
 
 def thread_charges(ops: list[Op], cost: CostModel) -> dict[int, Charge]:
     """Compute op -> the Charge of the calls issued between it and the compute op before
-    it (counted at zero cost too: a fit re-times them through the critical path)."""
-    pending: dict[str, int] = {}
-    members = 0
-    out: dict[int, tuple[dict[str, int], int]] = {}
+    it (counted at zero cost too: a fit re-times them through the critical path). A call's
+    seconds are its ``CostModel.host_time``."""
+    pending: list[Op] = []
+    out: dict[int, list[Op]] = {}
     last = -1
     for i, op in enumerate(ops):
         if op.is_collective or op.is_p2p:
-            role = call_role(op)
-            pending[role] = pending.get(role, 0) + 1
-            members += len(op.group) if op.is_collective else 0
+            pending.append(op)
         elif op.is_compute:
             last = i
             if pending:
-                out[i] = (pending, members)
-                pending, members = {}, 0
+                out[i], pending = pending, []
     if pending and last >= 0:  # calls after the last compute op: that op's thread
-        calls, m = out.get(last, ({}, 0))
-        for role, n in pending.items():
-            calls[role] = calls.get(role, 0) + n
-        out[last] = (calls, m + members)
-    per_rank = cost.host_comm_per_rank_us
-    return {i: Charge((sum(cost.comm_host_us(r) * n for r, n in calls.items()) + per_rank * m)
-                      * 1e-6, tuple(sorted(calls.items())), m)
-            for i, (calls, m) in out.items()}
+        out[last] = out.get(last, []) + pending
+    charges = {}
+    for i, calls in out.items():
+        roles = Counter(call_role(op) for op in calls)
+        charges[i] = Charge(sum(cost.host_time(op) for op in calls), tuple(sorted(roles.items())),
+                            sum(len(op.group) for op in calls if op.is_collective))
+    return charges
 
 
 def issue_cost(cost: CostModel) -> CostModel:
