@@ -128,15 +128,12 @@ class CostModel:
         f = self.eager_elementwise
         if f == 1.0:
             return self
-
-        def fuse(k: KernelCost) -> KernelCost:
-            return dataclasses.replace(k, mem_efficiency=min(1.0, k.mem_efficiency * f),
-                                       host_us=k.host_us / f)
-
-        by = {d: {kind: fuse(k) if kind == "elementwise" else k for kind, k in kinds.items()}
+        by = {d: {kind: unfolded(k, f) if kind == "elementwise" else k
+                  for kind, k in kinds.items()}
               for d, kinds in self.kernels_by_dtype.items()}
-        return dataclasses.replace(self, elementwise=fuse(self.elementwise), kernels_by_dtype=by,
-                                   eager_elementwise=1.0, name=f"{self.name}+compile")
+        return dataclasses.replace(self, elementwise=unfolded(self.elementwise, f),
+                                   kernels_by_dtype=by, eager_elementwise=1.0,
+                                   name=f"{self.name}+compile")
 
     def kernel(self, kind: str, dtype: str = "") -> KernelCost:
         by = self.kernels_by_dtype.get(dtype)
@@ -159,9 +156,19 @@ class CostModel:
                     best, dist = fit, d
         return best
 
+    def kernel_of(self, op: Op) -> KernelCost:
+        """A compute op's kernel cost: its kind's (for its dtype); an elementwise op that is one
+        kernel in eager PyTorch too (``shape`` (elements, 1): FSDP2's copies) without the
+        eager factor folded into the kind (``eager_elementwise``)."""
+        k = self.kernel(op.kind, op.dtype)
+        if self.eager_elementwise != 1.0 and op.kind == "elementwise" and len(op.shape) > 1 \
+                and op.shape[1]:
+            return unfolded(k, self.eager_elementwise)
+        return k
+
     def compute_time(self, op: Op, gpu: GPUSpec) -> float:
         """Seconds of one compute op on ``gpu`` (roofline with this profile's efficiencies)."""
-        k = self.kernel(op.kind, op.dtype)
+        k = self.kernel_of(op)
         flops = timed_flops(op)
         t = 0.0
         if flops:
@@ -179,7 +186,7 @@ class CostModel:
     def host_time(self, op: Op) -> float:
         """Seconds the host spends issuing ``op`` (0 for memory bookkeeping)."""
         if op.is_compute:
-            return self.kernel(op.kind, op.dtype).host_us * 1e-6
+            return self.kernel_of(op).host_us * 1e-6
         if op.is_collective:
             return (self.comm_host_us(call_role(op)) + self.host_comm_per_rank_us * len(op.group)) \
                 * 1e-6
@@ -341,3 +348,10 @@ def tree_allreduce_time(nbytes: float, n: int, bw_Bps: float, alpha_s: float) ->
     if n <= 1:
         return 0.0
     return 2 * math.ceil(math.log2(n)) * alpha_s + 2 * nbytes / bw_Bps
+
+
+def unfolded(k: KernelCost, eager: float) -> KernelCost:
+    """An elementwise kernel cost with the eager factor ``eager`` (``eager_elementwise``) taken
+    back out: its memory efficiency times it (at most 1), its host time over it."""
+    return dataclasses.replace(k, mem_efficiency=min(1.0, k.mem_efficiency * eager),
+                               host_us=k.host_us / eager)

@@ -18,6 +18,7 @@ from twin.schedule.tables import stage_table
 from twin.search.bubble import pipeline_s
 from twin.search.check import agreement, simulate_candidate
 from twin.search.estimate import Estimator, step_end_ops
+from twin.search.fsdpwalk import copy_s
 from twin.search.memory import SearchJob
 from twin.search.run import Candidate, evaluate
 from twin.search.space import SearchSpace
@@ -45,7 +46,7 @@ H100x2 = dataclasses.replace(H100, num_nodes=2)
 def test_units_are_the_schedules_compute(plan):
     """Every compute op of a rank's program is one of the units the estimate times (m times
     over the stage's layers by class, its embedding or head) or the step end's: MoE layers
-    with their experts, CP's attention on s/cp tokens included."""
+    with their experts, CP's attention on s/cp tokens included) or FSDP2's copies."""
     model = MOE if plan.ep > 1 else LONG if plan.cp > 1 else MODEL
     job = build_job(model, H100, plan)
     cost = default_cost_model(H100)
@@ -64,6 +65,13 @@ def test_units_are_the_schedules_compute(plan):
         local = shape.params[stage] if par.zero_stage == 0 else \
             -(-shape.params[stage] // par.shard_degree)
         end = sum(cost.compute_time(op, gpu) for op in step_end_ops(job, local))
+        if par.zero_stage == 3:  # FSDP2's copies: out per gather (twice a layer when it
+            # reshards after forward), in per reduce-scatter; the root (embedding, head) once
+            layer, n = shape.unit_bytes, shape.layers[stage]
+            root = shape.params[stage] * model.dtype_bytes - n * layer
+            gathers = 2 if par.fsdp_reshard_after_forward else 1
+            units += n * (gathers + 1) * copy_s(job, cost, layer, {}) \
+                + 2 * copy_s(job, cost, root, {})
         assert simulated == pytest.approx(par.num_microbatches * units + end, rel=1e-9)
 
 

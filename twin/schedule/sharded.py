@@ -11,6 +11,14 @@ paper, Zhao et al. 2023, §3.3). Gradients are reduce-scattered every micro-batc
 reduce-scattered once both its parts' backwards are done on a stage that holds both (one
 chunk), else after each part's.
 
+FSDP2's copies (torch.distributed.fsdp._fully_shard._fsdp_collectives), on the compute
+stream where FSDP2 runs them: a gathered unit is copied out of the all-gather's flat output
+into its parameters (``split_with_sizes_copy``: the gathered bytes read and written) just
+before the unit first computes with it, and a unit's gradients are copied into the
+reduce-scatter's flat input (``foreach_reduce_scatter_copy_in``: read and written at the
+gradient's dtype) before the reduce-scatter. The all-gather's copy-in (1/dp of the unit, on
+its own stream) and the post-reduce cast of the shard are not modelled.
+
 HSDP (FSDP2 on a 2-D mesh, ``dp_replicate`` > 1): the gathers and reduce-scatters run over
 the rank's dp_shard group, and each reduce-scattered shard is then all-reduced across its
 dp_replicate group on its own stream (FSDP2's ``all_reduce_stream``), 1/dp_shard of the unit.
@@ -44,6 +52,13 @@ def apply_fsdp(out: ProgramBuilder, par: ParallelPlan, layout: StageLayout,
     return fsdp
 
 
+def copy_op(b: ProgramBuilder, ctx: Ctx, local: str, nbytes: float, deps: list[Idx]) -> int:
+    """FSDP2's copy of ``nbytes`` on the compute stream: one kernel that reads and writes them
+    once, no FLOPs (the fast estimate times the same op, twin.search.fsdpwalk.copy_s)."""
+    return b.elementwise(ctx, local, max(1, round(nbytes / b.e)), deps, tensors=2.0,
+                         flops_per_element=0.0, one_kernel=True)
+
+
 class FSDP(Pass):
     """Tracks which units are gathered on this rank and emits their collectives."""
 
@@ -63,6 +78,7 @@ class FSDP(Pass):
         self.grad_open: dict[int, int] = {}  # unit -> micro-batch count accumulated unsharded
         self.issued: list[int] = []
         self._tags: dict[int, str] = {}  # unit -> name of its gathered buffer
+        self._copied: dict[int, Idx] = {}  # unit -> its copy-out, once emitted (per gather)
         self._head_grads: list[Idx] = []  # the head's grad ops of the latest backward
         self.fp8: dict[int, int] = {}  # unit -> elements gathered in FP8 (one byte each)
 
@@ -72,7 +88,7 @@ class FSDP(Pass):
         backward); before the head's or a layer's backward, open its unsharded gradient."""
         u = unit.key if unit.kind == LAYER else ROOT
         prefetch = None if unit.kind == HEAD_UNIT else unit.next_layer
-        unit.deps.append(self.gather(unit.ctx, u, prefetch))
+        unit.deps.append(self.copy_out(unit.ctx, u, self.gather(unit.ctx, u, prefetch)))
         if unit.backward and unit.kind != EMBED:
             self.begin_backward(unit.ctx, u)
 
@@ -115,7 +131,24 @@ class FSDP(Pass):
                                 stream="comm.ag")
         self.gathered[unit] = idx
         self._tags[unit] = tag
+        self._copied.pop(unit, None)
         return idx
+
+    def copy_out(self, ctx: Ctx, unit: int, ag: Idx) -> Idx:
+        """The unit's parameters copied out of its all-gather's output, on the compute stream,
+        once per gather (returns the op the unit's compute waits for)."""
+        if ag is None:
+            return ag
+        done = self._copied.get(unit)
+        if done is None:
+            c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
+            done = self._copied[unit] = self._copy(
+                c, f"{'root.' if unit == ROOT else ''}param.copy_out", self._gathered_bytes(unit),
+                [ag])
+        return done
+
+    def _copy(self, ctx: Ctx, local: str, nbytes: float, deps: list[Idx]) -> int:
+        return copy_op(self.b, ctx, local, nbytes, deps)
 
     def gather(self, ctx: Ctx, unit: int, prefetch: int | None) -> Idx:
         """Make ``unit`` gathered (returns the op to wait for); prefetch the next unit."""
@@ -147,13 +180,14 @@ class FSDP(Pass):
         """Reduce-scatter the unit's gradients (this micro-batch or the last) and reshard."""
         c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
         if self.every_mb or ctx.mb == self.last_mb:
-            rs = self.b.collective(c, f"{'root.' if unit == ROOT else ''}grad.rs",
-                                   "reduce_scatter", self.group, self.role, self._bytes(unit),
-                                   grad_ops, stream="comm")
+            prefix = "root." if unit == ROOT else ""
+            copy_in = self._copy(c, f"{prefix}grad.copy_in", self._bytes(unit), grad_ops)
+            rs = self.b.collective(c, f"{prefix}grad.rs", "reduce_scatter", self.group,
+                                   self.role, self._bytes(unit), [copy_in], stream="comm")
             self.issued.append(rs)
             if len(self.replicate) > 1:  # FSDP2's all_reduce_stream: the shard across replicas
                 self.issued.append(self.b.collective(
-                    c, f"{'root.' if unit == ROOT else ''}grad.ar", "all_reduce", self.replicate,
+                    c, f"{prefix}grad.ar", "all_reduce", self.replicate,
                     "dp_replicate", self._bytes(unit) / len(self.group), [rs], stream="comm.ar"))
             opened = self.grad_open.pop(unit)
             self.b.free(c, f"grad.{unit}.mb{opened}", "grads", self._bytes(unit), [rs])

@@ -46,7 +46,7 @@ from twin.schedule.pipeline import SPLIT_SCHEDULES, V_SCHEDULES
 from twin.search.bubble import pipeline_s
 from twin.search.buckets import calls
 from twin.search.comm import CommModel, together_s
-from twin.search.fsdpwalk import beside, chunk_s
+from twin.search.fsdpwalk import beside, chunk_s, copy_s
 from twin.search.syncwalk import synced_pipeline_s, synced_reductions_s
 from twin.search.units import Timing, layer_classes, unit_timings
 from twin.spec import Job
@@ -102,6 +102,7 @@ class Estimator:
         self._classes: dict[tuple, tuple] = {}
         self._per_step: dict[tuple, tuple[float, float]] = {}
         self._step_end: dict[tuple, float] = {}
+        self.copies: dict[tuple, float] = {}  # FSDP2's copies (fsdpwalk.copy_s)
 
     def rates(self, job: Job, step_s: float) -> tuple[float, float]:
         """(tokens/s, MFU) at ``step_s`` (``twin.metrics.throughput``, both ~ 1 / step)."""
@@ -214,9 +215,12 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
                 parts.append(ar)
                 r_full += comm.collective_s(job, "all_reduce", "dp_replicate", ar[1])
             red = together_s(*parts) - (ag if par.fsdp_reshard_after_forward else 0.0)
+        co = copy_s(job, est.cost, unit_bytes, est.copies)  # FSDP2's copy-out per gather, copy-in per
+        ci = co if par.sync_every_microbatch else co / par.num_microbatches  # reduction
         for r in reps:
-            lf[r] = beside(u[f"layer_fwd@{r}"], [(ag_split, unit_bytes)], alone=True)
-            lb[r] = beside(u[f"layer_bwd@{r}"], parts, alone=True)
+            lf[r] = beside(u[f"layer_fwd@{r}"], [(ag_split, unit_bytes)], alone=True) + co
+            lb[r] = beside(u[f"layer_bwd@{r}"], parts, alone=True) + ci \
+                + (co if par.fsdp_reshard_after_forward else 0.0)
     fs, bs, ws, rs = [], [], [], []  # rs: a split backward's reductions past W (synced)
     for s in range(p):
         n = shape.layers[s]
@@ -237,9 +241,11 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
             f += u["head_fwd"].time_s
             b += u["head_bwd"].time_s
             w += u["head_bwd"].w_s
-        if fsdp:  # the root's (embedding, head) gather, once
+        if fsdp:  # the root's (embedding, head) gather and its copies, per micro-batch
             root = shape.params[s] * e - n * unit_bytes
-            f += comm.collective_s(job, "all_gather", shard, root) if root > 0 else 0.0
+            co = copy_s(job, est.cost, root, est.copies)
+            f += comm.collective_s(job, "all_gather", shard, root) + co if root > 0 else 0.0
+            b += co if par.sync_every_microbatch else co / par.num_microbatches
         if sync:  # the host issues each chunk after the exchange before it has finished,
             # and waits there for reductions issued beside its backward
             if par.pp_schedule in SPLIT_SCHEDULES:  # W makes the gradients: walked

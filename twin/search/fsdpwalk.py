@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from twin.cost import CostModel
+from twin.schedule.emit import Ctx, ProgramBuilder
+from twin.schedule.sharded import copy_op
 from twin.search.comm import together_s
 from twin.search.units import Timing
+from twin.spec import Job
 
 
 @lru_cache(maxsize=1 << 16)  # a search meets the same layers and transfers in many plans
@@ -41,6 +45,21 @@ def chunk_s(n: int, c: float, g: float, r: float = 0.0, wait: bool = False) -> f
     if wait:
         return max(done, link)
     return max(done, n * (g + r))
+
+
+def copy_s(job: Job, cost: CostModel, nbytes: float, cache: dict) -> float:
+    """Device time of FSDP2's copy of ``nbytes`` on the compute stream (a gathered unit's
+    copy-out, a unit's gradients' copy-in: twin.schedule.sharded.copy_op); ``cache``: the
+    caller's, for one cost model."""
+    if nbytes <= 0:
+        return 0.0
+    key = (job.model.dtype, repr(job.cluster.gpu), nbytes)
+    hit = cache.get(key)
+    if hit is None:
+        b = ProgramBuilder(job, 0)
+        op = b.ops[copy_op(b, Ctx("fwd"), "copy", nbytes, [])]
+        hit = cache[key] = cost.compute_time(op, job.cluster.gpu)
+    return hit
 
 
 def beside(unit: Timing, parts: list, alone: bool = False) -> float:
