@@ -21,7 +21,9 @@ kind, written as the runs file's gemm_s ... optimizer_s), and their step and kin
 with `paratwin calibrate runs=... start=OUT/profile.yaml` (what a real step adds: the
 framework's cost per op, the eager AdamW)
 into OUT/profile_pytorch.yaml, which the suite's PyTorch steps are then held against
-(OUT/validate_pytorch); the replays keep the traces-fitted profile (OUT/validate).
+(OUT/validate_pytorch); the replays keep the traces-fitted profile (OUT/validate). PyTorch's
+steps, for the fit and the validation, are measured after 4 warm-up steps, 12 of them
+(PYTORCH_PROTOCOL; `warmup=` / `steps=` on the command line replace it).
 
 Against real training too: `python benchmarks/validate_suite.py against=both` also trains
 each preset PyTorch has a counterpart for with its own DDP / FSDP2 / DTensor TP-SP /
@@ -79,6 +81,18 @@ def fit_first(out: Path) -> Path:
 
 
 PYTORCH_PRESETS = tuple(p for p in TRAIN_PRESETS if p not in ("zero2", "dp"))  # no PyTorch counterpart
+PYTORCH_PROTOCOL = ("warmup=4", "steps=12")
+"""How PyTorch's training steps are measured, for the fit and the validation alike: on this
+host a real step settles after 3-5 steps (FSDP2's first steps run 10-50% slower: its buffers and
+the caching allocator warm up; validate's default warmup=2 keeps two of them), then 12 steps
+for the median and the p10-p90 band (6 give a band of their extremes). A `warmup=` or `steps=`
+given on the command line replaces it."""
+
+
+def protocol(args: list[str]) -> list[str]:
+    """PYTORCH_PROTOCOL with the command line's own warmup= / steps= in its place."""
+    given = {a.split("=", 1)[0] for a in args}
+    return [a for a in PYTORCH_PROTOCOL if a.split("=", 1)[0] not in given]
 
 
 def kind_columns(src: dict, world: int) -> dict[str, float]:
@@ -94,16 +108,17 @@ def kind_columns(src: dict, world: int) -> dict[str, float]:
             if prof["kinds"].get(kind, 0) > 0}
 
 
-def fit_pytorch(out: Path, start: Path) -> Path:
+def fit_pytorch(out: Path, start: Path, measure: list[str]) -> Path:
     """Train the same other configurations with PyTorch's own DDP / FSDP2 / DTensor / pipelining,
     time their steps (and profile one more: the time per op kind), and fit what a real step
     adds to the replayed schedule (the framework's cost per op, the eager optimizer) with
-    `paratwin calibrate runs=...`, starting from the traces-fitted ``start``."""
+    `paratwin calibrate runs=...`, starting from the traces-fitted ``start``; ``measure``: the
+    steps measured (warmup=, steps=)."""
     t0 = time.perf_counter()
     rows = []
     for tag, model in TRAIN_MODELS.items():
         d = out / "train_pytorch" / tag
-        rc = paratwin("validate", "report=false", "against=pytorch", "pytorch_profile=true",
+        rc = paratwin("validate", "report=false", "against=pytorch", "pytorch_profile=true", *measure,
                       f"suite=[{','.join(PYTORCH_PRESETS)}]", "info_suite=[]",
                       "overrides=[" + ",".join(f"'{m}'" for m in model) + "]",
                       f"calibration={start}", f"out_dir={d}")
@@ -152,8 +167,10 @@ def main() -> None:
                            f"calibration={profile}", f"out_dir={out / 'validate'}")
         if against in ("pytorch", "both"):
             # a real step is a different program from the replay: its own fit, same protocol
-            rc |= paratwin("validate", "report=false", "against=pytorch", *args,
-                           f"calibration={fit_pytorch(out, profile)}",
+            measure = protocol(args) + [a for a in args if a.startswith(("warmup=", "steps="))]
+            rest = [a for a in args if not a.startswith(("warmup=", "steps="))]
+            rc |= paratwin("validate", "report=false", "against=pytorch", *rest, *measure,
+                           f"calibration={fit_pytorch(out, profile, measure)}",
                            f"out_dir={out / 'validate_pytorch'}")
         sys.exit(rc)
     sys.exit(paratwin("validate", "report=false", *args))
