@@ -22,8 +22,10 @@ with `paratwin calibrate runs=... start=OUT/profile.yaml` (what a real step adds
 framework's cost per op, the eager AdamW)
 into OUT/profile_pytorch.yaml, which the suite's PyTorch steps are then held against
 (OUT/validate_pytorch); the replays keep the traces-fitted profile (OUT/validate). PyTorch's
-steps, for the fit and the validation, are measured after 4 warm-up steps, 12 of them
-(PYTORCH_PROTOCOL; `warmup=` / `steps=` on the command line replace it).
+steps, for the fit and the validation, are measured after 4 warm-up steps, 12 of them, and
+every validation run whose p10-p90 band is wider than 25% of its median is measured again (at
+most twice, the narrowest kept: PROTOCOL, PYTORCH_PROTOCOL; the same fields on the command line
+replace them).
 
 Against real training too: `python benchmarks/validate_suite.py against=both` also trains
 each preset PyTorch has a counterpart for with its own DDP / FSDP2 / DTensor TP-SP /
@@ -81,18 +83,21 @@ def fit_first(out: Path) -> Path:
 
 
 PYTORCH_PRESETS = tuple(p for p in TRAIN_PRESETS if p not in ("zero2", "dp"))  # no PyTorch counterpart
-PYTORCH_PROTOCOL = ("warmup=4", "steps=12")
-"""How PyTorch's training steps are measured, for the fit and the validation alike: on this
-host a real step settles after 3-5 steps (FSDP2's first steps run 10-50% slower: its buffers and
-the caching allocator warm up; validate's default warmup=2 keeps two of them), then 12 steps
-for the median and the p10-p90 band (6 give a band of their extremes). A `warmup=` or `steps=`
-given on the command line replaces it."""
+PROTOCOL = ("max_spread=0.25", "retries=2")
+"""Every validation run (replays and PyTorch's training): a run whose p10-p90 band is wider
+than a quarter of its median was disturbed (another tenant took the cores for part of it; a
+quiet run's band is 6-20% here) and is measured again, at most twice, the narrowest kept."""
+PYTORCH_PROTOCOL = (*PROTOCOL, "warmup=4", "steps=12")
+"""PyTorch's training steps, for the fit and the validation alike, also: a real step settles
+after 3-5 steps on this host (FSDP2's first steps run 10-50% slower: its buffers and the
+caching allocator warm up; validate's default warmup=2 kept two of them), then 12 steps for
+the median and the p10-p90 band (6 give a band of their extremes)."""
 
 
-def protocol(args: list[str]) -> list[str]:
-    """PYTORCH_PROTOCOL with the command line's own warmup= / steps= in its place."""
+def protocol(args: list[str], base: tuple[str, ...] = PYTORCH_PROTOCOL) -> list[str]:
+    """``base`` with the command line's own settings of the same fields in their place."""
     given = {a.split("=", 1)[0] for a in args}
-    return [a for a in PYTORCH_PROTOCOL if a.split("=", 1)[0] not in given]
+    return [a for a in base if a.split("=", 1)[0] not in given]
 
 
 def kind_columns(src: dict, world: int) -> dict[str, float]:
@@ -163,12 +168,13 @@ def main() -> None:
         args = [a for a in args if not a.startswith(("out_dir=", "calibration=", "against="))]
         rc = 0
         if against in ("replay", "both"):
-            rc |= paratwin("validate", "report=false", "against=replay", *args,
+            rc |= paratwin("validate", "report=false", "against=replay", *args, *protocol(args, PROTOCOL),
                            f"calibration={profile}", f"out_dir={out / 'validate'}")
         if against in ("pytorch", "both"):
             # a real step is a different program from the replay: its own fit, same protocol
-            measure = protocol(args) + [a for a in args if a.startswith(("warmup=", "steps="))]
-            rest = [a for a in args if not a.startswith(("warmup=", "steps="))]
+            fields = tuple(f"{a.split('=', 1)[0]}=" for a in PYTORCH_PROTOCOL)
+            measure = protocol(args) + [a for a in args if a.startswith(fields)]
+            rest = [a for a in args if not a.startswith(fields)]
             rc |= paratwin("validate", "report=false", "against=pytorch", *rest, *measure,
                            f"calibration={fit_pytorch(out, profile, measure)}",
                            f"out_dir={out / 'validate_pytorch'}")

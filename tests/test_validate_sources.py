@@ -86,3 +86,32 @@ def test_resume_keeps_a_finished_run_and_reads_rows_written_before_sources(tmp_p
     got = run_one("ddp-w2", "ddp", 2, cfg, tmp_path, ("tiny", "cpu_local", []), ("replay",))
     assert got["against"] == ["replay"] and got["sources"]["replay"]["error"] == old["error"]
     assert got["wall_s"] == old["wall_s"] and got["measured_p50_s"] == old["measured_p50_s"]
+
+
+def _summary(p10: float, p50: float, p90: float) -> dict:
+    return {"step_time_s": p50, "step_time_p10_s": p10, "step_time_p90_s": p90}
+
+
+def test_steadiest_measures_again_while_the_band_is_wide(tmp_path):
+    """Spreads 0.5, 0.3, 0.1 under max_spread 0.2: three measurements, the third kept; each
+    into its own directory; a first narrow one is measured once; without max_spread, once."""
+    from twin.validate import spread, steadiest
+
+    seen = []
+    bands = iter([_summary(0.8, 1.0, 1.3), _summary(0.9, 1.0, 1.2), _summary(0.95, 1.0, 1.05)])
+
+    def measure(where):
+        seen.append(where)
+        return next(bands)
+
+    where, summary, attempts = steadiest(measure, tmp_path / "pytorch", 0.2, 3)
+    assert seen == [tmp_path / "pytorch", tmp_path / "pytorch.retry1", tmp_path / "pytorch.retry2"]
+    assert where == seen[-1] and spread(summary) == pytest.approx(0.1)
+    assert [round(a["spread"], 6) for a in attempts] == [0.5, 0.3, 0.1]
+    # retries run out: the narrowest of those measured
+    wide = iter([_summary(0.7, 1.0, 1.3), _summary(0.8, 1.0, 1.2), _summary(0.5, 1.0, 1.5)])
+    where, summary, attempts = steadiest(lambda _w: next(wide), tmp_path / "x", 0.1, 2)
+    assert where.name == "x.retry1" and len(attempts) == 3 and spread(summary) == pytest.approx(0.4)
+    for limit in (0.6, None):
+        once = iter([_summary(0.8, 1.0, 1.3)])
+        assert len(steadiest(lambda _w: next(once), tmp_path / "y", limit, 5)[2]) == 1

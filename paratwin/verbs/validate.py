@@ -5,7 +5,10 @@ median and p10-p90 over steps), the twin simulates the same job with the calibra
 profile, and the two are compared: step-time error, whether the prediction falls inside
 the measured band, and per-op-kind errors over the ops both traces hold (same op ids).
 Results land in OUT_DIR/NAME/ (execute/, twin/, result.json, report.html) and
-OUT_DIR/validate.json; finished runs are kept when the suite is run again (resume).
+OUT_DIR/validate.json; finished runs are kept when the suite is run again (resume). With
+``max_spread`` a run whose p10-p90 band is wider than that fraction of its median (a noisy
+host) is measured again, up to ``retries`` times (NAME/execute.retryK, NAME/pytorch.retryK),
+and the narrowest kept; every attempt is listed under ``attempts``.
 
 ``against=pytorch`` (or ``both``) also holds the twin against real training: each preset
 PyTorch has a counterpart for (executor.conformance.parallelize.check_plan) is trained by
@@ -38,7 +41,14 @@ from twin.sim.run import simulate
 from twin.spec import ConfigError
 from twin.spec.errors import check_choice
 from twin.trace import Trace
-from twin.validate import compare, kind_errors, profile_kind_errors, source_rows, suite_figures
+from twin.validate import (
+    compare,
+    kind_errors,
+    profile_kind_errors,
+    source_rows,
+    steadiest,
+    suite_figures,
+)
 
 
 def _passthrough() -> tuple[str, str, list[str]]:
@@ -63,10 +73,17 @@ def _group_overrides(cfg) -> list[str]:
             if o.lstrip("+~").startswith(("model.", "cluster.", "parallel."))]
 
 
-def run_replay(name: str, ecfg, cfg, out: Path) -> dict:
-    """`paratwin execute` the preset, simulate it, compare: the replay's figures."""
-    exec_dir, twin_dir = Path(str(ecfg.out_dir)), out / name / "twin"
-    t0 = time.perf_counter()
+def _steadiest(name: str, measure, first: Path, cfg):
+    """``twin.validate.steadiest`` under the config's ``max_spread`` and ``retries``."""
+    limit = cfg.get("max_spread")
+    return steadiest(measure, first, None if limit is None else float(limit),
+                     int(cfg.get("retries", 2)),
+                     log=lambda m: print(f"paratwin validate: {name}: {m}", file=sys.stderr, flush=True))
+
+
+def _execute(name: str, ecfg, where: Path) -> dict:
+    """`paratwin execute` the preset into ``where``; its summary."""
+    ecfg.out_dir = str(where)
     said = io.StringIO()
     try:  # the execute verb in this process; its printout is not validate's
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
@@ -78,13 +95,22 @@ def run_replay(name: str, ecfg, cfg, out: Path) -> dict:
                           f"{(said.getvalue().strip().splitlines() or ['no output'])[-1]}") from None
     except ConfigError as err:
         raise ConfigError(f"validate {name}: {err}") from None
-    measured = json.loads((exec_dir / "summary.json").read_text())
+    return json.loads((where / "summary.json").read_text())
+
+
+def run_replay(name: str, ecfg, cfg, out: Path) -> dict:
+    """`paratwin execute` the preset (again while its band is too wide: ``max_spread``),
+    simulate it, compare: the replay's figures."""
+    twin_dir = out / name / "twin"
+    t0 = time.perf_counter()
+    exec_dir, measured, attempts = _steadiest(name, lambda d: _execute(name, ecfg, d),
+                                              Path(str(ecfg.out_dir)), cfg)
     job = job_from_cfg(ecfg)
     cost = load_profile(cfg.get("calibration"), job.cluster)
     res = _simulate(job, cost, twin_dir, cfg, (exec_dir / rundir.CONFIG).read_text())
     fig = {**compare(measured, res.summary),
            "kinds": kind_errors(Trace.load(exec_dir / "spans.json"), res.trace),
-           "profile": cost.name, "wall_s": time.perf_counter() - t0}
+           "profile": cost.name, "wall_s": time.perf_counter() - t0, "attempts": attempts}
     if cfg.get("report", True):
         try:
             from twin.report import write_report
@@ -130,17 +156,25 @@ def run_pytorch(name: str, preset: str, world: int, cfg, out: Path, passthrough,
     profile = bool(cfg.get("pytorch_profile", True))
     warmup, measured = int(cfg.warmup), int(cfg.steps)
     t0 = time.perf_counter()
-    try:
-        res = conform(job, out / name / "pytorch", steps=warmup + measured + int(profile),
-                      warmup=warmup, profile=profile, reference=False,
-                      timeout_s=float(cfg.timeout_s), threads=threads,
-                      log=lambda m: print(f"paratwin validate: {name}: {m}", file=sys.stderr))
-    except Interrupted as err:
-        sys.exit(128 + err.signum)
-    except (LaunchError, RuntimeError) as err:
-        raise ConfigError(f"validate {name}: PyTorch training failed: "
-                          f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
-    timing = res["timing"]
+    runs: dict[Path, dict] = {}
+
+    def train(where: Path) -> dict:
+        try:
+            res = runs[where] = conform(
+                job, where, steps=warmup + measured + int(profile), warmup=warmup,
+                profile=profile, reference=False, timeout_s=float(cfg.timeout_s),
+                threads=threads, log=lambda m: print(f"paratwin validate: {name}: {m}",
+                                                     file=sys.stderr))
+        except Interrupted as err:
+            sys.exit(128 + err.signum)
+        except (LaunchError, RuntimeError) as err:
+            raise ConfigError(f"validate {name}: PyTorch training failed: "
+                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") \
+                from None
+        return res["timing"]
+
+    where, timing, attempts = _steadiest(name, train, out / name / "pytorch", cfg)
+    res = runs[where]
     cost = load_profile(cfg.get("calibration"), job.cluster)
     sim = _simulate(job, cost, out / name / "pytorch_twin", cfg, OmegaConf.to_yaml(ccfg))
     prof = timing["profile"]
@@ -149,7 +183,7 @@ def run_pytorch(name: str, preset: str, world: int, cfg, out: Path, passthrough,
             "profile": cost.name, "wall_s": time.perf_counter() - t0,
             "steps": timing["measured_steps"], "warmup": warmup,
             "step_times_s": timing["step_times_s"], "per_rank_median_s": timing["per_rank_median_s"],
-            "torch_profile": prof,
+            "torch_profile": prof, "attempts": attempts,
             "conformance": {"plan": res["plan"], "differences": len(res["differences"]),
                             "documented": len(res["documented"])}}
 
@@ -252,6 +286,13 @@ def run(cfg) -> dict:
     problems: list[str] = []
     check_choice(problems, "format", fmt, ("text", "json"))
     check_choice(problems, "against", cfg.get("against", "replay"), tuple(SOURCES))
+    limit, retries = cfg.get("max_spread"), cfg.get("retries", 2)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                              or limit <= 0):
+        problems.append(f"max_spread={limit!r} must be a positive fraction of the median (e.g. "
+                        "0.25) or null")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        problems.append(f"retries={retries!r} must be a whole number >= 0")
     if problems:
         raise ConfigError(problems)
     against = cfg.get("against", "replay")

@@ -25,11 +25,24 @@ def test_validate_one_config_end_to_end(tmp_path):
     assert row["predicted_s"] > 0 and isinstance(row["in_band"], bool)
     assert row["kinds"]["_join"]["unmatched"] == 0 and row["kinds"]["_join"]["matched"] > 0
     assert res["figures"]["runs"] == 1
+    (attempt,) = row["sources"]["replay"]["attempts"]  # no max_spread: measured once
+    assert attempt["dir"] == "execute" and attempt["measured_p50_s"] == row["measured_p50_s"]
     # resumable: a second run keeps the finished result
     again = paratwin("validate", "model=tiny", "suite=[ddp]", "info_suite=[]", "steps=2",
                      "warmup=1", "calibration=null", "report=false",
                      f"out_dir={tmp_path / 'v'}", "format=json", cwd=tmp_path)
     assert json.loads(again.stdout)["runs"][0]["wall_s"] == row["wall_s"]
+    # a noisy run measured again (max_spread), into a directory of its own; the narrowest kept
+    out = paratwin("validate", "model=tiny", "suite=[ddp]", "info_suite=[]", "steps=2", "warmup=1",
+                   "calibration=null", "report=false", f"out_dir={tmp_path / 'w'}",
+                   "format=json", "max_spread=1e-9", "retries=1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (row,) = json.loads(out.stdout)["runs"]
+    attempts = row["sources"]["replay"]["attempts"]
+    assert [a["dir"] for a in attempts] == ["execute", "execute.retry1"]
+    assert row["measured_p50_s"] == min(attempts, key=lambda a: a["spread"])["measured_p50_s"]
+    assert (tmp_path / "w" / "ddp-w2" / "execute.retry1" / "summary.json").exists()
+    assert "measuring again (1/1)" in out.stderr
 
 
 def _bench_dir(tmp_path):

@@ -17,13 +17,20 @@ def test_against_must_be_one_of_the_sources(tmp_path):
     assert not (tmp_path / "v").exists()
 
 
+@pytest.mark.parametrize("bad", ["max_spread=-0.1", "max_spread=abc", "retries=-1"])
+def test_remeasure_options_are_checked(tmp_path, bad):
+    out = paratwin("validate", bad, f"out_dir={tmp_path / 'v'}", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert bad.split("=")[0] in out.stderr and not (tmp_path / "v").exists()
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_validate_against_pytorch_times_real_training(tmp_path):
     pytest.importorskip("torch")
     args = ("validate", "model=tiny", "suite=[ddp,zero1]", "info_suite=[]", "steps=2", "warmup=1",
             "calibration=null", "report=false", "against=pytorch", f"out_dir={tmp_path / 'v'}",
-            "format=json")
+            "format=json", "max_spread=1e-9", "retries=1")  # every run measured twice
     out = paratwin(*args, cwd=tmp_path, timeout=280)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)
@@ -42,6 +49,11 @@ def test_validate_against_pytorch_times_real_training(tmp_path):
     assert kinds["gemm"]["measured_s"] > 0 and kinds["gemm"]["predicted_s"] > 0
     assert kinds["gemm"]["error"] is not None and kinds["_source"]["source"] == "torch.profiler"
     assert set(pt["torch_profile"]["ranks"]) == {"0", "1"}
+    # the band (two steps) is wider than max_spread: measured again once, the narrowest kept
+    assert [a["dir"] for a in pt["attempts"]] == ["pytorch", "pytorch.retry1"]
+    kept = min(pt["attempts"], key=lambda a: a["spread"])
+    assert pt["measured_p50_s"] == kept["measured_p50_s"]
+    assert (tmp_path / "v" / "ddp-w2" / "pytorch.retry1" / "conformance" / "rank0.json").exists()
     saved = json.loads((tmp_path / "v" / "validate.json").read_text())
     assert saved["sources"] == res["sources"]
     assert json.loads((tmp_path / "v" / "ddp-w2" / "result.json").read_text())["sources"]["pytorch"]
