@@ -55,6 +55,12 @@ def test_profile_kinds_against_the_twin_spans():
     assert got["collectives"]["predicted_s"] == pytest.approx(0.0003) and got["collectives"]["error"] is None
     assert got["framework"]["predicted_s"] is None and got["unattributed"]["error"] is None
     assert got["_source"]["source"] == "torch.profiler"
+    # the compute kinds at the cost model's time (a fit's prediction), the rest from the spans
+    got = profile_kind_errors({"gemm": 0.008, "optimizer": 0.001, "collectives": 0.001},
+                              Trace(spans), {"gemm": 0.002, "optimizer": 0.002})
+    assert got["gemm"]["predicted_s"] == 0.002 and got["gemm"]["error"] == pytest.approx(-0.75)
+    assert got["optimizer"]["error"] == pytest.approx(1.0)
+    assert got["collectives"]["predicted_s"] == pytest.approx(0.0003)
 
 
 def _result(against: str, rows: list[dict]) -> dict:
@@ -114,4 +120,4 @@ def test_steadiest_measures_again_while_the_band_is_wide(tmp_path):
     assert where.name == "x.retry1" and len(attempts) == 3 and spread(summary) == pytest.approx(0.4)
     for limit in (0.6, None):
         once = iter([_summary(0.8, 1.0, 1.3)])
-        assert len(steadiest(lambda _w: next(once), tmp_path / "y", limit, 5)[2]) == 1
+        assert len(steadiest(lambda _w, it=once: next(it), tmp_path / "y", limit, 5)[2]) == 1

@@ -109,22 +109,29 @@ def steadiest(measure: Callable[[Path], dict], first: Path, max_spread: float | 
 
 
 PROFILE_NOTE = ("torch.profiler CPU self time of one step, summed over ranks: compute kinds "
-                "compare with the twin; collectives is the time spent issuing them (gloo runs "
-                "them on its own threads), unattributed the step's wall time no event covers "
-                "(mostly waiting for them), framework the autograd engine, hooks and Python: no "
-                "twin counterpart")
+                "compare with the twin's time of their ops (the cost model's, as a fit holds "
+                "them; without contention or call costs); collectives is the time spent "
+                "issuing them (gloo runs them on its own threads), unattributed the step's wall "
+                "time no event covers (mostly waiting for them), framework the autograd engine, "
+                "hooks and Python: no twin counterpart")
 
 
-def profile_kind_errors(measured: dict[str, float], predicted: Trace) -> dict[str, dict]:
+def profile_kind_errors(measured: dict[str, float], predicted: Trace,
+                        compute: dict[str, float] | None = None) -> dict[str, dict]:
     """Per kind: profiled CPU seconds (``measured``: gemm, attention, elementwise, optimizer,
     collectives, framework, unattributed) against the twin's summed spans of step 0 over all
-    ranks; an error only for the compute kinds (the others time something else)."""
+    ranks, or for the compute kinds ``compute`` (kind -> seconds over all ranks: the cost
+    model's time of the kind's ops, as a fit predicts a kind target, without a shared core's
+    contention or the call costs a CPU thread adds to its next op); an error only for the
+    compute kinds (the others time something else)."""
     pred: dict[str, float] = defaultdict(float)
     for s in predicted.spans:
         if s.step != 0 or s.kind in MEMORY:
             continue
         kind = "collectives" if s.kind in COLLECTIVE_KINDS + P2P_KINDS else s.kind
         pred[kind] += s.dur_us / 1e6
+    if compute is not None:
+        pred.update({k: v for k, v in compute.items() if k in COMPUTE_KINDS})
     out: dict[str, dict] = {}
     for k, m in measured.items():
         p = pred.get(k, 0.0) if k in COMPUTE_KINDS or k == "collectives" else None

@@ -140,6 +140,7 @@ def run_pytorch(name: str, preset: str, world: int, cfg, out: Path, passthrough,
     from executor.conformance.parallelize import check_plan
     from executor.conformance.runner import conform
     from executor.launch import Interrupted, LaunchError
+    from twin.calibrate.kindtime import kind_seconds
 
     model, cluster, extra = passthrough
     ccfg = compose(config_name="conformance", overrides=[
@@ -179,7 +180,9 @@ def run_pytorch(name: str, preset: str, world: int, cfg, out: Path, passthrough,
     sim = _simulate(job, cost, out / name / "pytorch_twin", cfg, OmegaConf.to_yaml(ccfg))
     prof = timing["profile"]
     return {**compare(timing, sim.summary),
-            "kinds": profile_kind_errors(prof["kinds"], sim.trace) if prof else {},
+            "kinds": profile_kind_errors(prof["kinds"], sim.trace, {
+                k: v * job.grid.world_size for k, v in kind_seconds(job, cost).items()})
+            if prof else {},
             "profile": cost.name, "wall_s": time.perf_counter() - t0,
             "steps": timing["measured_steps"], "warmup": warmup,
             "step_times_s": timing["step_times_s"], "per_rank_median_s": timing["per_rank_median_s"],

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.calibrate.test_stepfit import CPU_TRUE_KERNELS, _cpu_jobs
-from twin.calibrate.kindtime import FIT_KINDS, KindRetimer, kind_counts
+from twin.calibrate.kindtime import FIT_KINDS, KindRetimer, kind_counts, kind_seconds
 from twin.calibrate.stepfit import CPU_FREE, fit_steps, predict, with_params
 from twin.cost import CostModel, shape_key
 from twin.schedule.builder import build_schedule
@@ -49,6 +49,10 @@ def test_a_kind_is_predicted_as_its_ops_cost_model_times():
                                                              want["optimizer"] / 2.0]))
     with pytest.raises(ValueError, match="whose programs have no adam op"):
         KindRetimer([job], [{"adam": 1.0}], gpu, lambda _v: TRUTH)
+    # validate's predicted kinds are the same (kind_seconds)
+    seconds = kind_seconds(job, TRUTH)
+    assert seconds["gemm"] == pytest.approx(want["gemm"], rel=1e-9)
+    assert seconds["optimizer"] == pytest.approx(want["optimizer"], rel=1e-9)
 
 
 def _kind_errors(cost, jobs, measured):

@@ -50,6 +50,14 @@ def kind_counts(job: Job) -> dict[str, Counter]:
     return out
 
 
+def kind_seconds(job: Job, cost) -> dict[str, float]:
+    """Kind -> the seconds one rank spends in its ops per step, the mean over the ranks, at
+    the cost model's time: what a fit predicts for a run's kind target (``KindRetimer``)."""
+    gpu = job.cluster.gpu
+    return {kind: sum(n * cost.compute_time(op, gpu) for op, n in counts.items())
+            for kind, counts in kind_counts(job).items()}
+
+
 class KindRetimer:
     """Predicted kind times of the runs that measured them, under parameter vectors: every
     distinct compute signature timed once, summed per (run, kind) through a sparse matrix."""
