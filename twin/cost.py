@@ -195,8 +195,12 @@ class CostModel:
         return 0.0
 
     def comm_host_us(self, role: str) -> float:
-        """Host microseconds to issue one call on a group of ``role`` (call_role)."""
-        return self.host_comm_by_group_us.get(role, self.host_comm_us)
+        """Host microseconds to issue one call on a group of ``role`` (call_role); a role
+        without a price takes its group's (fsdp: dp), then ``host_comm_us``."""
+        by = self.host_comm_by_group_us
+        if role in by:
+            return by[role]
+        return by.get(ROLE_FALLBACK.get(role, role), self.host_comm_us)
 
     def link_latency_s(self, cluster: ClusterSpec, inter: bool) -> float:
         lc = self.inter if inter else self.intra
@@ -280,9 +284,16 @@ SHAPED_KINDS = ("gemm", "attention")
 """Compute kinds whose time ``CostModel.shape_factors`` can set per shape."""
 
 
+ROLE_FALLBACK = {"fsdp": "dp"}
+"""A call role priced by its group's when it has no price of its own."""
+
+
 def call_role(op: Op) -> str:
     """The group role a collective or send/recv is priced by in host_comm_by_group_us: its
-    group's name up to the first '-' (dp-cp: dp), pp for an unnamed send/recv."""
+    group's name up to the first '-' (dp-cp: dp), pp for an unnamed send/recv; FSDP's
+    gathers and reduce-scatters ``fsdp`` (its hooks are not DDP's bucket all-reduce)."""
+    if op.paradigm == "fsdp":
+        return "fsdp"
     return op.group_name.partition("-")[0] or "pp"
 
 

@@ -47,6 +47,15 @@ def test_each_call_is_charged_to_the_compute_op_its_thread_runs_next():
     assert all(free.host_time(op) == 0 for op in ops if not op.is_compute)
 
 
+def test_fsdps_calls_have_a_role_of_their_own_priced_as_dp_until_given_one():
+    ag = Op("g", "all_gather", "comm.ag", group=(0, 1), group_name="dp", paradigm="fsdp")
+    assert call_role(ag) == "fsdp"
+    assert COST.comm_host_us("fsdp") == 400.0  # no fsdp price: the dp group's
+    own = dataclasses.replace(COST, host_comm_by_group_us={"dp": 400.0, "fsdp": 9000.0})
+    assert own.comm_host_us("fsdp") == 9000.0 and own.comm_host_us("dp") == 400.0
+    assert dataclasses.replace(COST, host_comm_by_group_us={}).comm_host_us("fsdp") == 50.0
+
+
 def _ddp_cpu_job():
     return next(j for j in _cpu_jobs() if j.parallel.dp == 2 and j.model.num_layers == 4)
 
@@ -82,19 +91,24 @@ def test_role_prices_are_a_checked_profile_field():
 
 def test_a_cpu_fit_recovers_each_roles_call_cost():
     roles = [f for f in CPU_STEP_FREE if f[1].startswith("host_comm_by_group_us.")]
-    assert {f[1] for f in roles} == {"host_comm_by_group_us.dp", "host_comm_by_group_us.tp"}
+    assert {f[1] for f in roles} == {"host_comm_by_group_us.dp", "host_comm_by_group_us.fsdp",
+                                     "host_comm_by_group_us.tp"}
     truth = CostModel(name="cpu-truth", core_share=True, base_latency_us=60.0,
                       provenance={"source": "traces"}, kernels_by_dtype={"fp32": CPU_TRUE_KERNELS},
-                      host_comm_by_group_us={"dp": 6000.0, "tp": 1500.0})
+                      host_comm_by_group_us={"dp": 6000.0, "fsdp": 9000.0, "tp": 1500.0})
     assert get(truth, None, "host_comm_by_group_us.tp") == 1500.0
     assert with_params(truth, [700.0], roles[:1]).host_comm_by_group_us["dp"] == 700.0
     jobs = _cpu_jobs()
+    jobs += [dataclasses.replace(j, parallel=dataclasses.replace(j.parallel, zero_stage=3))
+             for j in jobs if j.parallel.dp == 2 and j.parallel.micro_batch_size == 1]
     rng = np.random.default_rng(2)
     measured = [p.step_s * float(np.exp(rng.normal(0, 0.01))) for p in predict(jobs, truth, 1)]
     # where `paratwin calibrate runs=` starts on CPU cores: every call at 100 us
     assert fit_start(dataclasses.replace(truth, host_comm_by_group_us={}), None,
                      shared_cpu=True).comm_host_us("dp") == 100.0
-    start = dataclasses.replace(truth, host_comm_by_group_us={"dp": 2000.0, "tp": 500.0})
+    start = dataclasses.replace(truth, host_comm_by_group_us={"dp": 2000.0, "fsdp": 2000.0,
+                                                              "tp": 500.0})
     fit = fit_steps(jobs, measured, start, workers=1, free=tuple(roles), rounds=2)
     assert fit.params["host_comm_by_group_us.dp"] == pytest.approx(6000.0, rel=0.2)
+    assert fit.params["host_comm_by_group_us.fsdp"] == pytest.approx(9000.0, rel=0.2)
     assert fit.params["host_comm_by_group_us.tp"] == pytest.approx(1500.0, rel=0.2)
