@@ -114,7 +114,7 @@ def eager_inflation(job) -> tuple[float, float]:
     tokens = job.parallel.micro_batch_size * m.seq_len
     ops = build_schedule(job).program(0).ops
     layer_ops = [op for op in ops if op.kind == "elementwise" and op.phase != "opt"  # not the clip
-                 and op.shape[1:2] != (1,)]  # nor one-kernel ops (FSDP2's copies): no eager factor
+                 and not op.one_kernel]  # nor one-kernel ops (FSDP2's copies): no eager factor
     modelled = sum(op.bytes for op in layer_ops)
     mbs = len({op.mb for op in layer_ops})
     eager = 0.0

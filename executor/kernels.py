@@ -9,7 +9,8 @@ allocation. What each kind runs:
   kv_heads < heads); an op whose FLOPs exceed 1.5x the forward's (the backward,
   2x or 2.5x in twin.schedule.tensor) runs the SDPA backward through autograd over a
   forward built once at first use;
-- elementwise (elements,): a memory-bound kernel touching ``bytes / (elements * e)``
+- elementwise (elements,) or (elements, 1) (one kernel eager too, Op.one_kernel; timed alike
+  here): a memory-bound kernel touching ``bytes / (elements * e)``
   tensors of ``elements`` (1: fill, 2: scale, 3: add, 4+: addcmul);
 - optimizer (params, fused): ``torch.optim.Adam(fused=True)`` (or ``foreach=True``) over one
   flat fp32 parameter.

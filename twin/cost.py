@@ -158,11 +158,10 @@ class CostModel:
 
     def kernel_of(self, op: Op) -> KernelCost:
         """A compute op's kernel cost: its kind's (for its dtype); an elementwise op that is one
-        kernel in eager PyTorch too (``shape`` (elements, 1): FSDP2's copies) without the
+        kernel in eager PyTorch too (``Op.one_kernel``: FSDP2's copies) without the
         eager factor folded into the kind (``eager_elementwise``)."""
         k = self.kernel(op.kind, op.dtype)
-        if self.eager_elementwise != 1.0 and op.kind == "elementwise" and len(op.shape) > 1 \
-                and op.shape[1]:
+        if self.eager_elementwise != 1.0 and op.one_kernel:
             return unfolded(k, self.eager_elementwise)
         return k
 

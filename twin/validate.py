@@ -130,8 +130,8 @@ def profile_kind_errors(measured: dict[str, float], predicted: Trace,
             continue
         kind = "collectives" if s.kind in COLLECTIVE_KINDS + P2P_KINDS else s.kind
         pred[kind] += s.dur_us / 1e6
-    if compute is not None:
-        pred.update({k: v for k, v in compute.items() if k in COMPUTE_KINDS})
+    if compute is not None:  # the compute kinds from it alone
+        pred.update({k: compute.get(k, 0.0) for k in COMPUTE_KINDS})
     out: dict[str, dict] = {}
     for k, m in measured.items():
         p = pred.get(k, 0.0) if k in COMPUTE_KINDS or k == "collectives" else None

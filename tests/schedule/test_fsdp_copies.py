@@ -47,7 +47,7 @@ def test_one_copy_out_per_gather_and_one_copy_in_per_reduce_scatter(plan):
         assert ops[i].deps == (ops.index(ag),)
         assert ops[i].layer == ag.layer and ops[i].stream == "compute"
         assert ops[i].bytes == pytest.approx(2 * ag.bytes) and ops[i].flops == 0
-        assert ops[i].shape[1:] == (1,)  # one kernel (no eager factor)
+        assert ops[i].shape[1:] == (1,) and ops[i].one_kernel  # one kernel (no eager factor)
     # each reduce-scatter waits for its copy-in only, which holds the unit's gradients
     for i in scatters:
         (j,) = ops[i].deps
@@ -78,6 +78,7 @@ def test_a_copy_is_one_kernel_under_the_eager_factor():
     _, ops = _ops()
     copy = next(op for op in ops if _local(op) == "param.copy_out")
     plain = dataclasses.replace(copy, shape=copy.shape[:1])
+    assert copy.one_kernel and not plain.one_kernel
     f, eff = 4.0, 0.2
     cost = dataclasses.replace(default_cost_model(H100), eager_elementwise=f,
                                elementwise=KernelCost(efficiency=0.5, mem_efficiency=eff,

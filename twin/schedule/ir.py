@@ -43,7 +43,8 @@ class Op:
     """One op of a rank's program.
 
     ``shape`` by kind: gemm (m, n, k); attention (batch, heads, kv_heads, seq, head_dim,
-    causal); elementwise (elements,); optimizer (params, fused). ``bytes``: memory traffic of a
+    causal); elementwise (elements,), or (elements, 1) for one kernel in eager PyTorch too
+    (``one_kernel``); optimizer (params, fused). ``bytes``: memory traffic of a
     compute op, the nccl-tests size of a collective (all-reduce and broadcast the buffer,
     all-gather the gathered output, reduce-scatter the full input, all-to-all the send
     buffer), the message of a send/recv, the buffer of an alloc/free.
@@ -78,6 +79,12 @@ class Op:
     @property
     def is_compute(self) -> bool:
         return self.kind in COMPUTE_KINDS
+
+    @property
+    def one_kernel(self) -> bool:
+        """An elementwise op that eager PyTorch runs as one kernel, as modelled (FSDP2's
+        copies): a profile's eager factor (CostModel.eager_elementwise) does not apply."""
+        return self.kind == "elementwise" and len(self.shape) > 1 and bool(self.shape[1])
 
     @property
     def is_collective(self) -> bool:

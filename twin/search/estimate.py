@@ -102,7 +102,7 @@ class Estimator:
         self._classes: dict[tuple, tuple] = {}
         self._per_step: dict[tuple, tuple[float, float]] = {}
         self._step_end: dict[tuple, float] = {}
-        self.copies: dict[tuple, float] = {}  # FSDP2's copies (fsdpwalk.copy_s)
+        self._copies: dict[tuple, float] = {}  # FSDP2's copies (fsdpwalk.copy_s)
 
     def rates(self, job: Job, step_s: float) -> tuple[float, float]:
         """(tokens/s, MFU) at ``step_s`` (``twin.metrics.throughput``, both ~ 1 / step)."""
@@ -215,7 +215,7 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
                 parts.append(ar)
                 r_full += comm.collective_s(job, "all_reduce", "dp_replicate", ar[1])
             red = together_s(*parts) - (ag if par.fsdp_reshard_after_forward else 0.0)
-        co = copy_s(job, est.cost, unit_bytes, est.copies)  # FSDP2's copy-out per gather, copy-in per
+        co = copy_s(job, est.cost, unit_bytes, est._copies)  # FSDP2's copy-out per gather, copy-in per
         ci = co if par.sync_every_microbatch else co / par.num_microbatches  # reduction
         for r in reps:
             lf[r] = beside(u[f"layer_fwd@{r}"], [(ag_split, unit_bytes)], alone=True) + co
@@ -243,7 +243,7 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
             w += u["head_bwd"].w_s
         if fsdp:  # the root's (embedding, head) gather and its copies, per micro-batch
             root = shape.params[s] * e - n * unit_bytes
-            co = copy_s(job, est.cost, root, est.copies)
+            co = copy_s(job, est.cost, root, est._copies)
             f += comm.collective_s(job, "all_gather", shard, root) + co if root > 0 else 0.0
             b += co if par.sync_every_microbatch else co / par.num_microbatches
         if sync:  # the host issues each chunk after the exchange before it has finished,
