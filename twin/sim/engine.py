@@ -37,6 +37,7 @@ from twin.sim.records import (  # noqa: F401 - SimOptions, fold_classes: public 
     RendezvousKey,
     SimOptions,
     Structure,
+    fire,
     fold_classes,
     folded_shifts,
 )
@@ -160,16 +161,18 @@ class Simulation:
         else:
             start()
 
-    def _run_p2p(self, src: int, dst: int, op: Op, done: simpy.Event) -> None:
-        """The transfer by callbacks: its latency, then its flow, then ``done``."""
+    def _run_p2p(self, src: int, dst: int, op: Op, waiters: list) -> None:
+        """The transfer by callbacks: its latency, then its flow, then ``waiters`` are called
+        (by the flow's event, or at once when nothing moves)."""
         bundle, lat = self.flows.p2p(src, dst, op.bytes)
 
-        def start(_e) -> None:
+        def start(e) -> None:
             ev = self._start(bundle)
             if ev is None:
-                done.succeed()
+                for w in waiters:
+                    w(e)
             else:
-                ev.callbacks.append(lambda _e: done.succeed())
+                ev.callbacks.extend(waiters)
 
         self.env.timeout(lat * self._noise(self.cost.comm_cv)).callbacks.append(start)
 
@@ -213,74 +216,102 @@ class Simulation:
         external, ext_deps, cross = walk.external, walk.ext_deps, walk.cross
         base, is_compute, host = st_.base_s, st_.is_compute, st_.host
         sync_of, issue = (host.sync_of, host.issue_s) if host is not None else (None, None)
+        inline = inline or {}
         pending = 0.0  # compute time advanced arithmetically, not yet waited for
         node = self.job.grid.node(rank)
         slow = self.opt.straggler.get(rank, 1.0)
         jitter = self.opt.jitter and self.cost.compute_cv > 0
         overlap = self.cost.overlap_slowdown
         core_share = self.core_share
+        plain = not (jitter or overlap or core_share)  # compute advanced by arithmetic alone
         synced = self._synced[rank]  # sync point -> when the host's waits there ended
         free: dict[str, float] = {}  # inlined stream -> when its last op ends
+        s_last, t_s, h_s = -1, 0.0, 0.0  # the sync point of the op before, when it ended, H_s
         now = env.now
-        for n, i in enumerate(indices, 1):
-            if not n & 4095:
+        for k0 in range(0, len(indices), 4096):
+            if k0:
                 self.ops_done += 4096
                 if self.on_progress:
                     self.on_progress(self.ops_done)
-            deps = ext_deps[i]
-            if deps:
-                waits = []
-                for d in deps:
-                    ev = evs.get(d)
-                    if ev is None:  # a collective's: its rendezvous event (_event_of)
-                        ev = self._event_of(rank, ops[d], evs, d)
-                    if not ev.triggered:
-                        waits.append(ev)
-                if waits:
-                    if pending:
-                        yield env.timeout(pending)
-                        pending = 0.0
-                    yield env_all(env, waits)
-                    now = env.now
-                    self.events += 1
-            ready = 0.0  # when the host has issued it and its own walk's deps are done
-            if sync_of is not None:
-                s = sync_of[i]
-                if s >= 0:
-                    t_s = synced.get(s)
-                    if t_s is None:  # the host waits for the device here: once per sync
+            for i in indices[k0:k0 + 4096]:
+                deps = ext_deps[i]
+                if deps:
+                    waits = []
+                    for d in deps:
+                        ev = evs.get(d)
+                        if ev is None:  # a collective's: its rendezvous event (_event_of)
+                            ev = self._event_of(rank, ops[d], evs, d)
+                        if not ev.triggered:
+                            waits.append(ev)
+                    if waits:
                         if pending:
                             yield env.timeout(pending)
                             pending = 0.0
-                        yield from self._sync(rank, s, host, evs)
+                        yield env_all(env, waits)
                         now = env.now
-                        t_s = synced[s]
-                    h = issue[i]
-                    ready = t_s + (h - issue[s])
-                    if not ready > h:  # max(h, ready)
-                        ready = h
-                else:
-                    ready = issue[i]
-            for d in cross[i]:
-                if en[d] > ready:
-                    ready = float(en[d])
-            if inline is not None and i in inline:  # a private call: timed, no events
-                steps, shared, stream = inline[i]
-                t = max(ready, free.get(stream, 0.0))
-                end = finish(t, steps)
-                if t < now * (1 - EPS) and (shared or i in external):
-                    raise Contended(f"{ops[i].name} starts before the walk reaches it")
-                if shared:
-                    self.inliner.reserve(shared, t, end, (rank, stream))
-                st[i] = t
-                en[i] = free[stream] = end
-                if i in external:  # another process (the host's sync) waits for it
-                    env.timeout(max(0.0, end - now)).callbacks.append(
-                        lambda _e, ev=evs[i]: ev.succeed())
-                continue
-            if ready > now + pending:  # not issued or not ready yet: the device idles
-                pending = ready - now
-            if is_compute[i]:
+                        self.events += 1
+                ready = 0.0  # when the host has issued it and its own walk's deps are done
+                if sync_of is not None:
+                    s = sync_of[i]
+                    if s >= 0:
+                        if s != s_last:
+                            t = synced.get(s)
+                            if t is None:  # the host waits for the device here: once per sync
+                                if pending:
+                                    yield env.timeout(pending)
+                                    pending = 0.0
+                                yield from self._sync(rank, s, host, evs)
+                                now = env.now
+                                t = synced[s]
+                            s_last, t_s, h_s = s, t, issue[s]
+                        h = issue[i]
+                        ready = t_s + (h - h_s)
+                        if not ready > h:  # max(h, ready)
+                            ready = h
+                    else:
+                        ready = issue[i]
+                c = cross[i]
+                if c:
+                    for d in c:
+                        if en[d] > ready:
+                            ready = en[d]
+                if i in inline:  # a private call: timed, no events
+                    steps, shared, stream = inline[i]
+                    t = max(ready, free.get(stream, 0.0))
+                    end = finish(t, steps)
+                    if t < now * (1 - EPS) and (shared or i in external):
+                        raise Contended(f"{ops[i].name} starts before the walk reaches it")
+                    if shared:
+                        self.inliner.reserve(shared, t, end, (rank, stream))
+                    st[i] = t
+                    en[i] = free[stream] = end
+                    if i in external:  # another process (the host's sync) waits for it
+                        env.timeout(max(0.0, end - now)).callbacks.append(
+                            lambda _e, ev=evs[i]: fire(ev))
+                    continue
+                if ready > now + pending:  # not issued or not ready yet: the device idles
+                    pending = ready - now
+                if not is_compute[i]:  # a collective on a comm stream
+                    if pending:
+                        yield env.timeout(pending)
+                        pending = 0.0
+                    st[i] = env.now
+                    self._inflight_comm[rank] += 1
+                    yield self._arrive(rank, ops[i], evs, i)
+                    self._inflight_comm[rank] -= 1
+                    now = en[i] = env.now
+                    continue
+                if plain:
+                    st[i] = now + pending
+                    pending += base[i] * slow
+                    en[i] = now + pending
+                    if i in external:
+                        yield env.timeout(pending)
+                        now = env.now
+                        pending = 0.0
+                        self.events += 1
+                        fire(evs[i])
+                    continue
                 dur = base[i] * slow
                 if jitter:
                     dur *= self._noise(self.cost.compute_cv)
@@ -299,23 +330,14 @@ class Simulation:
                     st[i] = now + pending
                     pending += dur
                     en[i] = now + pending
-                    if i in external or overlap:
+                    if i in external or overlap:  # (overlap: the next op sees the calls in flight)
                         yield env.timeout(pending)
                         now = env.now
                         pending = 0.0
                         self.events += 1
                 if i in external:
-                    evs[i].succeed()
-            else:  # a collective on a comm stream
-                if pending:
-                    yield env.timeout(pending)
-                    pending = 0.0
-                st[i] = env.now
-                self._inflight_comm[rank] += 1
-                yield self._arrive(rank, ops[i], evs, i)
-                self._inflight_comm[rank] -= 1
-                now = en[i] = env.now
-        self.ops_done += len(indices) & 4095
+                    fire(evs[i])
+        self.ops_done += len(indices) - 4096 * max(0, (len(indices) - 1) // 4096)
         if pending:
             yield env.timeout(pending)
 

@@ -208,14 +208,23 @@ class Rendezvous:
     """Fires when the collective completes."""
 
 
+def fire(ev: simpy.Event) -> None:
+    """Succeed ``ev`` now. An event nobody waits for yet is marked processed at once rather
+    than queued (a step of the loop that would call no callback): a later waiter finds it
+    done, as it would after the step."""
+    if ev.callbacks:
+        ev.succeed()
+    else:
+        ev._ok, ev._value, ev.callbacks = True, None, None
+
+
 @dataclass(slots=True)
 class P2PPair:
     """A send/recv pair waiting for its two sides."""
 
-    done: simpy.Event
-    """Fires when the transfer completes."""
-    arrived: int = 0
-    """Sides that have reached it (the transfer starts at 2, or at 1 when the peer is folded)."""
+    waiters: list
+    """The callbacks of the sides that have reached it, called when the transfer completes
+    (it starts at two, or at one when the peer is folded)."""
 
 
 class Structure(NamedTuple):

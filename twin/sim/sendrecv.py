@@ -6,7 +6,7 @@ Each step runs in the callback of the event it waited for, when a process would 
 from __future__ import annotations
 
 from twin.schedule.ir import Op
-from twin.sim.records import P2PPair
+from twin.sim.records import P2PPair, fire
 
 
 class SendRecv:
@@ -67,19 +67,18 @@ class SendRecv:
         sim.start[rank][self.i] = sim.env.now
         pair = sim._pairs.get(key)
         if pair is None:
-            pair = sim._pairs[key] = P2PPair(sim.env.event())
-        pair.arrived += 1
-        if pair.arrived == 2 or (op.peer not in sim.simulated):
+            pair = sim._pairs[key] = P2PPair([])
+        pair.waiters.append(self.done)
+        if len(pair.waiters) == 2 or (op.peer not in sim.simulated):
             del sim._pairs[key]
-            sim._run_p2p(src, dst, op, pair.done)
-        pair.done.callbacks.append(self.done)
+            sim._run_p2p(src, dst, op, pair.waiters)
 
     def done(self, _e) -> None:
         sim = self.sim
         sim.end[self.rank][self.i] = sim.env.now
         sim.events += 2
         if self.i in self.external:
-            self.evs[self.i].succeed()
+            fire(self.evs[self.i])
 
 
 def _all(env, events: list):
