@@ -104,8 +104,17 @@ def host_us(cost: CostModel, kind: str, dtype: str = "") -> float:
 
 def signature(op: Op) -> Op:
     """The op as a compute signature: what its cost depends on, nothing else."""
-    return Op(name="", kind=op.kind, stream="compute", dtype=op.dtype, shape=tuple(op.shape),
-              flops=float(op.flops), bytes=float(op.bytes))
+    key = (op.kind, op.dtype, tuple(op.shape), float(op.flops), float(op.bytes))
+    sig = _SIGNATURES.get(key)
+    if sig is None:  # the same few recur on every path and in every kind count
+        if len(_SIGNATURES) >= 1 << 16:
+            _SIGNATURES.clear()
+        sig = _SIGNATURES[key] = Op(name="", kind=key[0], stream="compute", dtype=key[1],
+                                    shape=key[2], flops=key[3], bytes=key[4])
+    return sig
+
+
+_SIGNATURES: dict[tuple, Op] = {}
 
 
 def _before(st, op: Op, i: int) -> int | None:

@@ -131,14 +131,17 @@ def rename(text: str, mb: int, new: int) -> str:
     return f"mb{new}".join(_split(text, mb))
 
 
-def counterparts(ops, d: int) -> np.ndarray:
-    """Per op, the index of the same op d micro-batches later (-1: none, or no micro-batch)."""
+def counterparts(ops, d: int, microbatches: int | None = None) -> np.ndarray:
+    """Per op, the index of the same op d micro-batches later (-1: none, or no micro-batch).
+    ``microbatches``: the program's micro-batches (an op of micro-batch m - d or later has
+    no counterpart; None: its names are looked up)."""
     index = {op.name: i for i, op in enumerate(ops)}
     get = index.get
     out = [-1] * len(ops)
+    last = (microbatches if microbatches is not None else 1 << 62) - d
     phase, mb = None, -1  # the (phase, mb) of the op before: the next ops mostly share it
     for i, op in enumerate(ops):
-        if op.mb >= 0:
+        if 0 <= op.mb < last:
             if op.mb != mb or op.phase != phase:
                 phase, mb = op.phase, op.mb
                 head = f"{phase}/mb{mb}/"  # the builders' prefix (ProgramBuilder.emit)
@@ -188,7 +191,7 @@ def find_cut(sim, d: int, host_of=None) -> tuple[float, float] | None:
     for r, prog in sim.programs.items():
         key = id(prog.ops) if prog.template is None else prog.template
         if key not in memo:
-            memo[key] = counterparts(prog.ops, d)
+            memo[key] = counterparts(prog.ops, d, sim.job.parallel.num_microbatches)
         cps[r] = memo[key]
         lines[r] = (sim.start[r], sim.end[r])
     step = max(float(e.max()) for _, e in lines.values() if len(e))

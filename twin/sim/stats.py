@@ -45,10 +45,18 @@ class OpTable(NamedTuple):
 def op_table(ops) -> OpTable:
     """The table of a program's ops (see OpTable); the span fields as ``Span.of`` sets them."""
     n = len(ops)
-    kinds = [op.kind for op in ops]
-    compute = np.array([k in COMPUTE_KINDS for k in kinds], dtype=bool).reshape(n)
-    memory = np.array([k in MEMORY_KINDS for k in kinds], dtype=bool).reshape(n)
-    pipe_phase = np.array([op.phase in PIPELINE_PHASES for op in ops], dtype=bool).reshape(n)
+    # a few kinds and phases recur: each op's code, then every column by lookup
+    kind_code: dict[str, int] = {}
+    kinds = np.fromiter((kind_code.setdefault(op.kind, len(kind_code)) for op in ops),
+                        dtype=np.int64, count=n)
+    phase_code: dict[str, int] = {}
+    phases = np.fromiter((phase_code.setdefault(op.phase, len(phase_code)) for op in ops),
+                         dtype=np.int64, count=n)
+    of_kind = list(kind_code)
+    compute = np.array([k in COMPUTE_KINDS for k in of_kind], dtype=bool)[kinds]
+    memory = np.array([k in MEMORY_KINDS for k in of_kind], dtype=bool)[kinds]
+    is_alloc = np.array([k == "alloc" for k in of_kind], dtype=bool)[kinds]
+    pipe_phase = np.array([p in PIPELINE_PHASES for p in phase_code], dtype=bool)[phases]
     names: dict[str, int] = {}
     group = np.full(n, -1, dtype=np.int64)
     pp = np.zeros(n, bool)
@@ -57,9 +65,10 @@ def op_table(ops) -> OpTable:
         role = op.group_name if op.kind in _CALLS else ""
         group[i] = names.setdefault(role or op.kind, len(names))
         pp[i] = role == "pp"
-    is_alloc = np.array([k == "alloc" for k in kinds], dtype=bool).reshape(n)
-    nbytes = np.array([op.bytes for op in ops], dtype=float).reshape(n)
-    mem_bytes = np.where(memory, np.where(is_alloc, nbytes, -nbytes), 0.0)
+    nbytes = np.zeros(n)
+    mem = np.flatnonzero(memory)
+    nbytes[mem] = [ops[i].bytes for i in mem.tolist()]
+    mem_bytes = np.where(is_alloc, nbytes, -nbytes)
     timed = ~memory
     return OpTable(compute, timed, compute & pipe_phase, group, tuple(names),
                    timed & ~compute & ~pp & pipe_phase, memory, is_alloc, mem_bytes)
