@@ -75,8 +75,10 @@ class Simulation:
         self.simulated = set(programs)
         self.rng = np.random.default_rng(options.seed)
         self.events = 0
-        self.start: dict[int, np.ndarray] = {r: np.zeros(len(p.ops)) for r, p in programs.items()}
-        self.end: dict[int, np.ndarray] = {r: np.zeros(len(p.ops)) for r, p in programs.items()}
+        # each op's start and end: lists while the step runs (one entry read or written at a
+        # time), arrays once it has run
+        self.start: dict[int, np.ndarray] = {r: [0.0] * len(p.ops) for r, p in programs.items()}
+        self.end: dict[int, np.ndarray] = {r: [0.0] * len(p.ops) for r, p in programs.items()}
         self._rv: dict[RendezvousKey, Rendezvous] = {}
         self._pairs: dict[PairKey, P2PPair] = {}
         self._structures: dict[tuple[str, int], Structure] = {}
@@ -405,4 +407,6 @@ class Simulation:
                                f"(first: {stuck[0]}): the schedule deadlocks")
         for rank, prog in self.programs.items():
             memory_times(prog.ops, self._structure(rank, prog), self.start[rank], self.end[rank])
+            self.start[rank] = np.array(self.start[rank], dtype=float)
+            self.end[rank] = np.array(self.end[rank], dtype=float)
         return max(float(e.max()) if len(e) else 0.0 for e in self.end.values())
