@@ -163,21 +163,6 @@ class Simulation:
         else:
             start()
 
-    def _run_p2p(self, src: int, dst: int, op: Op, waiters: list) -> None:
-        """The transfer by callbacks: its latency, then its flow, then ``waiters`` are called
-        (by the flow's event, or at once when nothing moves)."""
-        bundle, lat = self.flows.p2p(src, dst, op.bytes)
-
-        def start(e) -> None:
-            ev = self._start(bundle)
-            if ev is None:
-                for w in waiters:
-                    w(e)
-            else:
-                ev.callbacks.extend(waiters)
-
-        self.env.timeout(lat * self._noise(self.cost.comm_cv)).callbacks.append(start)
-
     def _sync(self, rank: int, s: int, host: HostPlan, evs: dict[int, simpy.Event]):
         """Wait (a process step) for the ops the host waits for at sync point ``s``; record
         when the last of them ended (the host resumes issuing then)."""

@@ -1,6 +1,6 @@
 """Send/recv ops as chains of callbacks, without a SimPy process each: an op waits for its
 dependencies, then for the host to issue it (past its sync point, at its issue time), then
-for its peer; the pair's transfer runs its latency, then its flow (Simulation._run_p2p).
+for its peer; the pair's transfer runs its latency, then its flow (``transfer``).
 Each step runs in the callback of the event it waited for, when a process would resume."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class SendRecv:
         pair.waiters.append(self.done)
         if len(pair.waiters) == 2 or (op.peer not in sim.simulated):
             del sim._pairs[key]
-            sim._run_p2p(src, dst, op, pair.waiters)
+            transfer(sim, src, dst, op, pair.waiters)
 
     def done(self, _e) -> None:
         sim = self.sim
@@ -79,6 +79,22 @@ class SendRecv:
         sim.events += 2
         if self.i in self.external:
             fire(self.evs[self.i])
+
+
+def transfer(sim, src: int, dst: int, op: Op, waiters: list) -> None:
+    """A pair's transfer by callbacks: its latency, then its flow, then ``waiters`` are
+    called (by the flow's event, or at once when nothing moves)."""
+    bundle, lat = sim.flows.p2p(src, dst, op.bytes)
+
+    def start(e) -> None:
+        ev = sim._start(bundle)
+        if ev is None:
+            for w in waiters:
+                w(e)
+        else:
+            ev.callbacks.extend(waiters)
+
+    sim.env.timeout(lat * sim._noise(sim.cost.comm_cv)).callbacks.append(start)
 
 
 def _all(env, events: list):
