@@ -32,6 +32,10 @@ def check_plan(job: Job) -> None:
         problems.append(f"parallel.zero_stage={p.zero_stage} has no PyTorch-native counterpart "
                         "in conformance (DDP is stage 0, FSDP2 stage 3); use parallel=ddp or "
                         "parallel=fsdp")
+    if p.zero_stage == 3 and p.fsdp_reduce_dtype != m.dtype:
+        problems.append(f"parallel.fsdp_reduce_dtype={p.fsdp_reduce_dtype} with model.dtype="
+                        f"{m.dtype}: conformance's FSDP2 reduces gradients in the model's dtype "
+                        f"(no MixedPrecisionPolicy); set parallel.fsdp_reduce_dtype={m.dtype}")
     if p.recompute != "none":
         problems.append(f"parallel.recompute={p.recompute}: conformance runs without activation "
                         "checkpointing; set parallel.recompute=none")

@@ -71,6 +71,7 @@ def test_gpt_style_models_and_low_precision_are_refused_with_the_fix():
     (dict(tp=2, recompute="full"), "recompute=none"),
     (dict(pp=2, zero_stage=3), "zero_stage=3 with pp > 1"),
     (dict(pp=2, pp_schedule="gpipe"), "ScheduleGPipe trips DDP's Reducer"),
+    (dict(zero_stage=3, fsdp_reduce_dtype="bf16"), "set parallel.fsdp_reduce_dtype=fp32"),
 ])
 def test_plans_without_a_pytorch_counterpart_say_what_to_use(plan, words):
     job = build_job(tiny(), cluster(gpus=4 if plan.get("pp") else 2), ParallelPlan(**plan))

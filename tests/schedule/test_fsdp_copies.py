@@ -33,7 +33,8 @@ def _local(op) -> str:
                                   {"grad_sync": "last"}, {"tp": 2, "sp": True}],
                          ids=["reshard", "keep", "pp2", "sync_last", "tp2"])
 def test_one_copy_out_per_gather_and_one_copy_in_per_reduce_scatter(plan):
-    _, ops = _ops(**plan)
+    job, ops = _ops(**plan)
+    e, r = job.model.dtype_bytes, job.fsdp_reduce_bytes  # the copy-in casts e -> r bytes
     gathers = [i for i, op in enumerate(ops) if _local(op) in ("param.ag", "root.param.ag")]
     outs = [i for i, op in enumerate(ops) if _local(op).endswith("param.copy_out")]
     scatters = [i for i, op in enumerate(ops) if _local(op) in ("grad.rs", "root.grad.rs")]
@@ -52,8 +53,30 @@ def test_one_copy_out_per_gather_and_one_copy_in_per_reduce_scatter(plan):
     for i in scatters:
         (j,) = ops[i].deps
         assert j in ins and ops[j].stream == "compute" and ops[j].layer == ops[i].layer
-        assert ops[j].bytes == pytest.approx(2 * ops[i].bytes)
+        assert ops[j].bytes == pytest.approx(ops[i].bytes * (e + r) / r)
         assert all(ops[d].is_compute for d in ops[j].deps) and ops[j].deps
+        assert ops[i].dtype == job.parallel.fsdp_reduce_dtype
+
+
+@pytest.mark.parametrize("hsdp", [False, True])
+def test_gradients_are_reduced_at_the_reduce_dtype(hsdp):
+    """fp32 (torchtitan's default) moves twice a bf16 model's gradient bytes in every
+    reduce-scatter (and HSDP all-reduce) and casts them up in the copy-in (2 + 4 bytes per
+    element, not 2 + 2); the gathers do not change."""
+    extra = {"dp_replicate": 2} if hsdp else {}
+    j32, fp32 = _ops(**extra)
+    j16, bf16 = _ops(fsdp_reduce_dtype="bf16", **extra)
+    assert j32.model.dtype == "bf16" and j32.parallel.fsdp_reduce_dtype == "fp32"
+    assert [op.name for op in fp32] == [op.name for op in bf16]
+    kinds = {"reduce_scatter": 2.0, "all_gather": 1.0, "all_reduce": 2.0}
+    for a, b in zip(fp32, bf16):
+        if a.kind in kinds and "grad_norm" not in a.name:
+            assert a.bytes == pytest.approx(kinds[a.kind] * b.bytes), a.name
+        elif a.name.endswith("grad.copy_in"):
+            assert a.bytes == pytest.approx(1.5 * b.bytes)
+        else:
+            assert a.bytes == b.bytes, a.name
+    assert any(a.kind == "all_reduce" and a.group_name == "dp_replicate" for a in fp32) == hsdp
 
 
 def test_a_layer_computes_after_its_copy_out():

@@ -82,7 +82,7 @@ def test_hsdp_traffic_closed_form():
     t, f = step_traffic(job, 0), step_traffic(fsdp8, 0)
     # the shard group moves what FSDP over 8 ranks moves (same micro-batches: 2 per rank)
     assert t["dp_shard"].size == 8 and t["dp_shard"].calls == f["dp"].calls
-    psi = stage_params(job, 0) * 2
+    psi = stage_params(job, 0) * 4  # gradients reduced in fp32 (parallel.fsdp_reduce_dtype)
     syncs = job.parallel.num_microbatches  # FSDP reduce-scatters every micro-batch
     assert t["dp_replicate"].size == 2
     assert t["dp_replicate"].calls == {"all_reduce": [syncs, syncs * psi / 8]}

@@ -66,12 +66,14 @@ def test_units_are_the_schedules_compute(plan):
             -(-shape.params[stage] // par.shard_degree)
         end = sum(cost.compute_time(op, gpu) for op in step_end_ops(job, local))
         if par.zero_stage == 3:  # FSDP2's copies: out per gather (twice a layer when it
-            # reshards after forward), in per reduce-scatter; the root (embedding, head) once
+            # reshards after forward), in per reduce-scatter (cast to the reduce dtype); the
+            # root (embedding, head) once each way
             layer, n = shape.unit_bytes, shape.layers[stage]
             root = shape.params[stage] * model.dtype_bytes - n * layer
             gathers = 2 if par.fsdp_reshard_after_forward else 1
-            units += n * (gathers + 1) * copy_s(job, cost, layer, {}) \
-                + 2 * copy_s(job, cost, root, {})
+            r = job.fsdp_reduce_bytes
+            units += n * (gathers * copy_s(job, cost, layer, {}) + copy_s(job, cost, layer, {}, r)) \
+                + copy_s(job, cost, root, {}) + copy_s(job, cost, root, {}, r)
         assert simulated == pytest.approx(par.num_microbatches * units + end, rel=1e-9)
 
 

@@ -138,6 +138,13 @@ def test_sp_needs_tp():
         ParallelPlan(sp=True)
 
 
+def test_fsdp_reduce_dtype_is_checked():
+    assert ParallelPlan().fsdp_reduce_dtype == "fp32"  # torchtitan's mixed_precision_reduce
+    with pytest.raises(ConfigError, match=r"parallel.fsdp_reduce_dtype='fp8' is not one of "
+                                          r"fp32\|bf16\|fp16"):
+        ParallelPlan(zero_stage=3, fsdp_reduce_dtype="fp8")
+
+
 def test_cp_fields_are_checked():
     """cp is no longer reserved; its fields are checked like the others (tests/spec/
     test_context_spec.py has the CP plans that cannot work)."""

@@ -32,16 +32,20 @@ def test_zero_1_2_move_what_ddp_moves(zero):
 def test_zero_3_moves_one_and_a_half_ddp():
     # ZeRO §7: gather for forward, again for backward, reduce-scatter: 3 Psi vs DDP's 2 Psi,
     # per layer unit; FSDP's root unit (embedding, head) is gathered once: 2 Psi_root.
+    # (gradients reduced at the model's bf16, as ZeRO counts; fp32, the default, moves the
+    # reduce-scatter's bytes twice)
     j, ddp = _traffic()
-    _, z3 = _traffic(zero_stage=3)
+    _, z3 = _traffic(zero_stage=3, fsdp_reduce_dtype="bf16")
     layers = 8 * layer_params(j.model).total
     root = stage_params(j, 0) - layers
     n = 8
     unit_wire = (n - 1) / n * 2  # bytes per element, bf16
     assert z3["dp"].wire_bytes == pytest.approx(unit_wire * (3 * layers + 2 * root))
     assert ddp["dp"].wire_bytes == pytest.approx(unit_wire * 2 * (layers + root))
-    _, keep = _traffic(zero_stage=3, fsdp_reshard_after_forward=False)
+    _, keep = _traffic(zero_stage=3, fsdp_reshard_after_forward=False, fsdp_reduce_dtype="bf16")
     assert keep["dp"].wire_bytes == pytest.approx(ddp["dp"].wire_bytes)
+    _, fp32 = _traffic(zero_stage=3)
+    assert fp32["dp"].wire_bytes == pytest.approx(z3["dp"].wire_bytes + unit_wire * (layers + root))
 
 
 def test_tp_four_all_reduces_per_layer_and_sp_moves_the_same():

@@ -119,16 +119,17 @@ def test_cpu_ranks_have_no_cuda_overheads():
     assert mem.temporary > 0 and mem.total == pytest.approx(mem.tensors + mem.temporary)
 
 
-def test_fsdp_accumulating_grads_hold_every_unit_in_fp32():
+@pytest.mark.parametrize("reduce_dtype,r", [("fp32", 4), ("bf16", 2)])
+def test_fsdp_accumulating_grads_hold_every_unit_at_the_reduce_dtype(reduce_dtype, r):
     m = gpt()
-    plan = dict(zero_stage=3, global_batch_size=32)
+    plan = dict(zero_stage=3, global_batch_size=32, fsdp_reduce_dtype=reduce_dtype)
     every = rank_memory(build_job(m, _gpu(), ParallelPlan(**plan)), 0)
     last = rank_memory(build_job(m, _gpu(), ParallelPlan(grad_sync="last", **plan)), 0)
     job = build_job(m, _gpu(), ParallelPlan(**plan))
     unit = layer_params(m, 1).total
     root = mm.stage_params(job, 0) - m.num_layers * unit
     assert last.buffers - every.buffers == pytest.approx(
-        (root + m.num_layers * unit) * 4 - (root + unit) * 2)
+        (root + m.num_layers * unit) * r - (root + unit) * 2)
 
 
 def test_inspect_reports_and_checks_the_new_total():

@@ -199,13 +199,14 @@ class ProgramBuilder:
     # -- communication -----------------------------------------------------------
     def collective(self, ctx: Ctx, local: str, kind: str, group: tuple[int, ...],
                    group_name: str, nbytes: float, deps: Iterable[Idx], stream: str = "comm",
-                   root: int = -1) -> Idx:
-        """A collective over ``group``; skipped (returns None) when the group is one rank."""
+                   root: int = -1, dtype: str | None = None) -> Idx:
+        """A collective over ``group`` of elements of ``dtype`` (None: the model's); skipped
+        (returns None) when the group is one rank."""
         if len(group) <= 1:
             return None
         return self.emit(ctx, local, kind, stream, deps, group=tuple(group),
                          group_name=group_name, bytes=float(nbytes), root=root,
-                         dtype=self.dtype)
+                         dtype=dtype or self.dtype)
 
     def send(self, ctx: Ctx, local: str, peer: int, tag: str, nbytes: float,
              deps: Iterable[Idx], group_name: str = "pp") -> int:

@@ -15,9 +15,13 @@ FSDP2's copies (torch.distributed.fsdp._fully_shard._fsdp_collectives), on the c
 stream where FSDP2 runs them: a gathered unit is copied out of the all-gather's flat output
 into its parameters (``split_with_sizes_copy``: the gathered bytes read and written) just
 before the unit first computes with it, and a unit's gradients are copied into the
-reduce-scatter's flat input (``foreach_reduce_scatter_copy_in``: read and written at the
-gradient's dtype) before the reduce-scatter. The all-gather's copy-in (1/dp of the unit, on
-its own stream) and the post-reduce cast of the shard are not modelled.
+reduce-scatter's flat input (``foreach_reduce_scatter_copy_in``: read at the gradient's
+dtype, written at the reduce dtype) before the reduce-scatter. The all-gather's copy-in (1/dp
+of the unit, on its own stream) and the post-reduce cast of the shard are not modelled.
+
+The reduce dtype (``fsdp_reduce_dtype``): fp32 by default, as torchtitan's
+``mixed_precision_reduce``; a bf16 model's gradients are then cast up in the copy-in, and
+the reduce-scatter (and HSDP's all-reduce) move 4 bytes per gradient element.
 
 HSDP (FSDP2 on a 2-D mesh, ``dp_replicate`` > 1): the gathers and reduce-scatters run over
 the rank's dp_shard group, and each reduce-scattered shard is then all-reduced across its
@@ -30,6 +34,7 @@ from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.passes import EMBED, HEAD_UNIT, LAYER, Pass, Unit
 from twin.schedule.stage import ROOT, StageLayout
 from twin.spec import ParallelPlan, RankGrid
+from twin.spec.model import DTYPE_BYTES
 from twin.workload.params import is_fp8_weight
 
 
@@ -44,7 +49,8 @@ def apply_fsdp(out: ProgramBuilder, par: ParallelPlan, layout: StageLayout,
     replicate = grid.group(out.rank, "dp_replicate") if hsdp else ()
     fsdp = FSDP(out, grid.group(out.rank, role), layout.units, reshard=par.fsdp_reshard_after_forward,
                 every_mb=par.sync_every_microbatch, last_mb=par.num_microbatches - 1,
-                one_chunk=layout.num_chunks == 1, replicate=replicate, role=role)
+                one_chunk=layout.num_chunks == 1, replicate=replicate, role=role,
+                reduce_dtype=par.fsdp_reduce_dtype)
     if par.float8_fsdp_all_gather:  # the FP8 linears' weights gathered at one byte each
         for (unit, name), numel in layout.tensors:
             if unit in layout.units and unit != ROOT and is_fp8_weight(name, layout.grad_ops[(unit, name)]):
@@ -52,10 +58,14 @@ def apply_fsdp(out: ProgramBuilder, par: ParallelPlan, layout: StageLayout,
     return fsdp
 
 
-def copy_op(b: ProgramBuilder, ctx: Ctx, local: str, nbytes: float, deps: list[Idx]) -> int:
-    """FSDP2's copy of ``nbytes`` on the compute stream: one kernel that reads and writes them
-    once, no FLOPs (the fast estimate times the same op, twin.search.fsdpwalk.copy_s)."""
-    return b.elementwise(ctx, local, max(1, round(nbytes / b.e)), deps, tensors=2.0,
+def copy_op(b: ProgramBuilder, ctx: Ctx, local: str, nbytes: float, deps: list[Idx],
+            out_bytes: int | None = None) -> int:
+    """FSDP2's copy of ``nbytes`` (at the model's dtype) on the compute stream: one kernel
+    that reads them once and writes them once, at ``out_bytes`` per element when it casts
+    (None: the model's dtype); no FLOPs (the fast estimate times the same op,
+    twin.search.fsdpwalk.copy_s)."""
+    written = 1.0 if out_bytes is None else out_bytes / b.e
+    return b.elementwise(ctx, local, max(1, round(nbytes / b.e)), deps, tensors=1.0 + written,
                          flops_per_element=0.0, one_kernel=True)
 
 
@@ -64,8 +74,10 @@ class FSDP(Pass):
 
     def __init__(self, out: ProgramBuilder, group: tuple[int, ...], unit_numel: dict[int, int], *,
                  reshard: bool, every_mb: bool, last_mb: int, one_chunk: bool,
-                 replicate: tuple[int, ...] = (), role: str = "dp"):
+                 replicate: tuple[int, ...] = (), role: str = "dp", reduce_dtype: str = "fp32"):
         self.b = out
+        self.reduce_dtype = reduce_dtype
+        self.reduce_bytes = DTYPE_BYTES[reduce_dtype]  # per gradient element reduced
         self.group = group
         self.replicate = replicate  # HSDP: the replicas that all-reduce each reduced shard
         self.role = role  # the group's name: dp, dp_shard (HSDP) or dp-cp (CP)
@@ -142,13 +154,14 @@ class FSDP(Pass):
         done = self._copied.get(unit)
         if done is None:
             c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
-            done = self._copied[unit] = self._copy(
-                c, f"{'root.' if unit == ROOT else ''}param.copy_out", self._gathered_bytes(unit),
+            done = self._copied[unit] = copy_op(
+                self.b, c, f"{'root.' if unit == ROOT else ''}param.copy_out", self._gathered_bytes(unit),
                 [ag])
         return done
 
-    def _copy(self, ctx: Ctx, local: str, nbytes: float, deps: list[Idx]) -> int:
-        return copy_op(self.b, ctx, local, nbytes, deps)
+    def _reduced_bytes(self, unit: int) -> float:
+        """What the unit's reduce-scatter moves: its gradients at the reduce dtype."""
+        return self.units[unit] * self.reduce_bytes
 
     def gather(self, ctx: Ctx, unit: int, prefetch: int | None) -> Idx:
         """Make ``unit`` gathered (returns the op to wait for); prefetch the next unit."""
@@ -181,14 +194,17 @@ class FSDP(Pass):
         c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
         if self.every_mb or ctx.mb == self.last_mb:
             prefix = "root." if unit == ROOT else ""
-            copy_in = self._copy(c, f"{prefix}grad.copy_in", self._bytes(unit), grad_ops)
+            copy_in = copy_op(self.b, c, f"{prefix}grad.copy_in", self._bytes(unit), grad_ops,
+                              self.reduce_bytes)
             rs = self.b.collective(c, f"{prefix}grad.rs", "reduce_scatter", self.group,
-                                   self.role, self._bytes(unit), [copy_in], stream="comm")
+                                   self.role, self._reduced_bytes(unit), [copy_in],
+                                   stream="comm", dtype=self.reduce_dtype)
             self.issued.append(rs)
             if len(self.replicate) > 1:  # FSDP2's all_reduce_stream: the shard across replicas
                 self.issued.append(self.b.collective(
                     c, f"{prefix}grad.ar", "all_reduce", self.replicate,
-                    "dp_replicate", self._bytes(unit) / len(self.group), [rs], stream="comm.ar"))
+                    "dp_replicate", self._reduced_bytes(unit) / len(self.group), [rs],
+                    stream="comm.ar", dtype=self.reduce_dtype))
             opened = self.grad_open.pop(unit)
             self.b.free(c, f"grad.{unit}.mb{opened}", "grads", self._bytes(unit), [rs])
         self._release(ctx, unit, done)

@@ -195,9 +195,7 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
     p, v, e = par.pp, par.pp_virtual_stages, model.dtype_bytes
     sync = est.cost.p2p_host_sync and p > 1
     fsdp = par.zero_stage == 3 and par.dp * par.cp > 1
-    shard = _shard_group(par)
-    unit_bytes = shape.unit_bytes
-    classes = est.classes(job)
+    shard, unit_bytes, classes = _shard_group(par), shape.unit_bytes, est.classes(job)
     reps = sorted({r for stage in classes for r, _ in stage})
     lf = {r: u[f"layer_fwd@{r}"].time_s for r in reps}
     lb = {r: u[f"layer_bwd@{r}"].time_s for r in reps}
@@ -206,17 +204,19 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
         ag_split = comm.split(job, "all_gather", shard)
         ag = comm.collective_s(job, "all_gather", shard, unit_bytes)
         parts = [(ag_split, unit_bytes)] if par.fsdp_reshard_after_forward else []
+        reduced = unit_bytes * job.fsdp_reduce_bytes / e  # the gradients at the reduce dtype
         if par.sync_every_microbatch:  # a reduce-scatter's own time, and what it adds to
             # the links' work beside a gather (intra- and inter-node phases overlap: together_s)
-            parts.append((comm.split(job, "reduce_scatter", shard), unit_bytes))
-            r_full = comm.collective_s(job, "reduce_scatter", shard, unit_bytes)
+            parts.append((comm.split(job, "reduce_scatter", shard), reduced))
+            r_full = comm.collective_s(job, "reduce_scatter", shard, reduced)
             if par.dp_replicate > 1:  # HSDP: then the shard all-reduced across replicas
-                ar = (comm.split(job, "all_reduce", "dp_replicate"), unit_bytes / par.shard_degree)
+                ar = (comm.split(job, "all_reduce", "dp_replicate"), reduced / par.shard_degree)
                 parts.append(ar)
                 r_full += comm.collective_s(job, "all_reduce", "dp_replicate", ar[1])
             red = together_s(*parts) - (ag if par.fsdp_reshard_after_forward else 0.0)
         co = copy_s(job, est.cost, unit_bytes, est._copies)  # FSDP2's copy-out per gather, copy-in per
-        ci = co if par.sync_every_microbatch else co / par.num_microbatches  # reduction
+        ci = copy_s(job, est.cost, unit_bytes, est._copies, job.fsdp_reduce_bytes) \
+            / (1 if par.sync_every_microbatch else par.num_microbatches)  # reduction
         for r in reps:
             lf[r] = beside(u[f"layer_fwd@{r}"], [(ag_split, unit_bytes)], alone=True) + co
             lb[r] = beside(u[f"layer_bwd@{r}"], parts, alone=True) + ci \
@@ -245,7 +245,8 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
             root = shape.params[s] * e - n * unit_bytes
             co = copy_s(job, est.cost, root, est._copies)
             f += comm.collective_s(job, "all_gather", shard, root) + co if root > 0 else 0.0
-            b += co if par.sync_every_microbatch else co / par.num_microbatches
+            b += copy_s(job, est.cost, root, est._copies, job.fsdp_reduce_bytes) \
+                / (1 if par.sync_every_microbatch else par.num_microbatches)
         if sync:  # the host issues each chunk after the exchange before it has finished,
             # and waits there for reductions issued beside its backward
             if par.pp_schedule in SPLIT_SCHEDULES:  # W makes the gradients: walked
@@ -287,10 +288,10 @@ def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: fl
                 t += comm.collective_s(job, "all_reduce", "dp_replicate", nbytes / par.shard_degree)
             return t
 
-        rs_unit = reduce(unit)
+        rs_unit = reduce(unit * job.fsdp_reduce_bytes / e)  # at the reduce dtype
         if par.sync_every_microbatch:
             return rs_unit  # the last unit's reduction
-        return max(rs_unit, reduce(params * e) - b)
+        return max(rs_unit, reduce(params * job.fsdp_reduce_bytes) - b)
     kind = "all_reduce" if par.zero_stage == 0 else "reduce_scatter"
     cap = par.ddp_bucket_MB * MIB
     whole, last = 0.0, 0.0

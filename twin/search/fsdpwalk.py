@@ -47,17 +47,18 @@ def chunk_s(n: int, c: float, g: float, r: float = 0.0, wait: bool = False) -> f
     return max(done, n * (g + r))
 
 
-def copy_s(job: Job, cost: CostModel, nbytes: float, cache: dict) -> float:
+def copy_s(job: Job, cost: CostModel, nbytes: float, cache: dict,
+           out_bytes: int | None = None) -> float:
     """Device time of FSDP2's copy of ``nbytes`` on the compute stream (a gathered unit's
-    copy-out, a unit's gradients' copy-in: twin.schedule.sharded.copy_op); ``cache``: the
-    caller's, for one cost model."""
+    copy-out, a unit's gradients' copy-in, cast to ``out_bytes`` per element:
+    twin.schedule.sharded.copy_op); ``cache``: the caller's, for one cost model."""
     if nbytes <= 0:
         return 0.0
-    key = (job.model.dtype, repr(job.cluster.gpu), nbytes)
+    key = (job.model.dtype, repr(job.cluster.gpu), nbytes, out_bytes)
     hit = cache.get(key)
     if hit is None:
         b = ProgramBuilder(job, 0)
-        op = b.ops[copy_op(b, Ctx("fwd"), "copy", nbytes, [])]
+        op = b.ops[copy_op(b, Ctx("fwd"), "copy", nbytes, [], out_bytes)]
         hit = cache[key] = cost.compute_time(op, job.cluster.gpu)
     return hit
 

@@ -11,7 +11,7 @@ from twin.spec.context import context_problems
 from twin.spec.errors import ConfigError, raise_if
 from twin.spec.experts import expert_problems
 from twin.spec.grid import RankGrid
-from twin.spec.model import ModelSpec, _divisors
+from twin.spec.model import DTYPE_BYTES, ModelSpec, _divisors
 from twin.spec.parallel import ParallelPlan
 
 FLOAT8_PEAK = {"tensorwise": "fp8", "rowwise": "fp8", "mxfp8": "mxfp8"}
@@ -40,6 +40,11 @@ class Job:
         """The dtype whose peak MFU is taken against: the FP8 GEMMs' under parallel.float8,
         else the model's."""
         return FLOAT8_PEAK.get(self.parallel.float8) or self.model.dtype
+
+    @property
+    def fsdp_reduce_bytes(self) -> int:
+        """Bytes per gradient element ZeRO-3/FSDP reduces (parallel.fsdp_reduce_dtype)."""
+        return DTYPE_BYTES[self.parallel.fsdp_reduce_dtype]
 
     @cached_property
     def stage_layers(self) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ SP_NORM_GRAD_SYNC = ("none", "per_tensor", "coalesced")
 OPTIMIZER_KERNELS = ("fused", "foreach")
 FLOAT8 = ("none", "tensorwise", "rowwise", "mxfp8")
 OPTIMIZER_DTYPES = ("fp32", "bf16")
+FSDP_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 OPTIMIZER_STATE_BYTES = {"fp32": 4, "bf16": 2}
 CP_METHODS = ("ring", "allgather", "alltoall")
 CP_LOAD_BALANCE = ("headtail", "none")
@@ -72,6 +73,11 @@ class ParallelPlan:
     dp_replicate (build_job resolves it)."""
     fsdp_reshard_after_forward: bool = True
     """ZeRO-3/FSDP: free gathered parameters after forward and gather again for backward."""
+    fsdp_reduce_dtype: str = "fp32"
+    """ZeRO-3/FSDP: the dtype gradients are reduce-scattered (and, under HSDP, all-reduced)
+    in: fp32, torchtitan's default (``mixed_precision_reduce``: a bf16 model's gradients are
+    cast up as they are copied into the reduce-scatter's buffer, and twice the bytes move),
+    or bf16/fp16 (FSDP2's own default with a low-precision ``param_dtype``)."""
     micro_batch_size: int = 1
     """Sequences per micro-batch b."""
     global_batch_size: int | None = None
@@ -159,6 +165,8 @@ class ParallelPlan:
                      OPTIMIZER_KERNELS)
         check_choice(problems, "parallel.float8", self.float8, FLOAT8)
         check_choice(problems, "parallel.optimizer_dtype", self.optimizer_dtype, OPTIMIZER_DTYPES)
+        check_choice(problems, "parallel.fsdp_reduce_dtype", self.fsdp_reduce_dtype,
+                     FSDP_REDUCE_DTYPES)
         _check_int(problems, "cp", self.cp)
         check_choice(problems, "parallel.cp_method", self.cp_method, CP_METHODS)
         check_choice(problems, "parallel.cp_load_balance", self.cp_load_balance, CP_LOAD_BALANCE)

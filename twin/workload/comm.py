@@ -98,11 +98,13 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
             gathers = 2 if par.fsdp_reshard_after_forward else 1
             fp8_saved = fp8_weight_numel(job, stage) * (e - 1) if par.float8_fsdp_all_gather else 0
             dp.add("all_gather", m, gathers * (psi_bytes - root_bytes - fp8_saved) + root_bytes)
-            dp.add("reduce_scatter", syncs, psi_bytes)
+            # gradients at the reduce dtype (parallel.fsdp_reduce_dtype)
+            dp.add("reduce_scatter", syncs, stage_params(job, stage) * job.fsdp_reduce_bytes)
         out[dp.name] = dp
-        if hsdp:
+        if hsdp:  # (HSDP is FSDP: the shard all-reduced at the reduce dtype)
             rep = out["dp_replicate"] = GroupTraffic("dp_replicate", par.dp_replicate)
-            rep.add("all_reduce", syncs, psi_bytes / par.shard_degree)
+            rep.add("all_reduce", syncs,
+                    stage_params(job, stage) * job.fsdp_reduce_bytes / par.shard_degree)
 
     tokens = par.micro_batch_size * model.seq_len // par.cp  # the tokens one rank holds
     bsh = tokens * model.hidden_size * e

@@ -41,8 +41,6 @@ from twin.workload.params import (
 
 # (params, grads, optimizer) bytes per parameter; mixed precision Adam has K = 12.
 STATE_BYTES = {"bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8)}
-FSDP_REDUCE_BYTES = 4
-"""FSDP2's reduce dtype (MixedPrecisionPolicy.reduce_dtype): fp32, torchtitan's default."""
 
 
 @dataclass(frozen=True)
@@ -230,14 +228,14 @@ def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
         # prefetched one (every unit when not resharded after forward) plus one unsharded
         # grad; without a sync every micro-batch, every unit's unsharded grad is kept, and
         # FSDP2 accumulates it in its reduce dtype (_fsdp_param_group.py: "an accumulated
-        # gradient of the reduce dtype"), fp32 by default in torchtitan
+        # gradient of the reduce dtype"): parallel.fsdp_reduce_dtype, fp32 by default
         units = fsdp_layer_units(job, stage)
         unit, layers = max(units, default=0), sum(units)
         root = psi - layers
         gathered = 2 * unit if par.fsdp_reshard_after_forward else layers
         buffers += (2 * root + gathered + unit) * e
         if not par.sync_every_microbatch and par.num_microbatches > 1:
-            buffers += (root + layers) * FSDP_REDUCE_BYTES - (root + unit) * e
+            buffers += (root + layers) * job.fsdp_reduce_bytes - (root + unit) * e
     moe = moe_memory_delta(job, rank, recompute, inflight_microbatches(job, stage),
                            model_state_bytes)  # MoE layers' experts, routed activations
     return Memory(params=states.params + moe["params"], grads=states.grads + moe["grads"],
