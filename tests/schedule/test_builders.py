@@ -14,7 +14,8 @@ from twin.schedule.builder import build_program, build_schedule
 from twin.schedule.check import check_schedule, memory_peak
 from twin.spec import ConfigError, ParallelPlan, build_job
 from twin.workload.comm import step_traffic
-from twin.workload.memory import rank_memory
+from twin.workload.flops import recompute_forward_flops
+from twin.workload.memory import activation_bytes_per_layer, rank_memory
 from twin.workload.params import stage_params
 
 
@@ -156,6 +157,32 @@ def test_recompute_phase(recompute, extra):
     # recomputation happens in backward: after the layer above's backward
     first = next(i for i, op in enumerate(ops) if op.phase == "recompute")
     assert ops[first - 1].phase == "bwd"
+
+
+def test_op_level_sac_recomputes_what_backward_needs_and_kept_nothing_of():
+    """recompute=op (torchtitan's op-level SAC): forward kept q, v, the gate and the down
+    projection (every other matmul) and the attention's output; backward recomputes norm1,
+    the key projection and RoPE, the output projection, the residual, norm2, the up
+    projection and SwiGLU, and nothing else: their FLOPs are recompute_forward_flops' matmuls
+    and the held bytes are what recompute=none keeps beyond recompute=op."""
+    model = gpt(activation="swiglu", position_embedding="rope")
+    job = build_job(model, cluster(), ParallelPlan(recompute="op", global_batch_size=8))
+    ops = build_program(job, 0).ops
+    rec = [op for op in ops if op.phase == "recompute" and op.layer == 2 and op.mb == 0]
+    assert [op.name.rsplit("/", 1)[1] for op in rec if not op.is_memory] == [
+        "norm1", "k_proj", "rope", "out_proj", "resid1", "norm2", "fc_up", "act"]
+    b, s = job.parallel.micro_batch_size, model.seq_len
+    gemm = sum(op.flops for op in rec if op.kind == "gemm")
+    assert gemm == recompute_forward_flops(model, b, 1, "op", False)
+    (held,) = [op for op in rec if op.kind == "alloc"]
+    assert held.bytes == pytest.approx(
+        activation_bytes_per_layer(model, b, 1, False, "none", job.parallel.flash_attention)
+        - activation_bytes_per_layer(model, b, 1, False, "op", job.parallel.flash_attention))
+    freed = [op for op in ops if op.kind == "free" and op.tag == held.tag]
+    assert len(freed) == 1 and freed[0].phase == "bwd"
+    first = next(i for i, op in enumerate(ops) if op.phase == "recompute")
+    assert ops[first - 1].phase == "bwd"
+    assert s * b * 2 * model.hidden_size * model.hidden_size <= gemm  # out_proj at least
 
 
 def test_legacy_dp_device_zero_does_more():

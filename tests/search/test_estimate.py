@@ -42,7 +42,8 @@ H100x2 = dataclasses.replace(H100, num_nodes=2)
     ParallelPlan(ep=4, etp=1, tp=2, sp=True, pp=2, global_batch_size=8),
     ParallelPlan(cp=4, tp=2, sp=True, global_batch_size=8),
     ParallelPlan(cp=2, cp_method="allgather", pp=2, global_batch_size=8),
-], ids=["fsdp", "tp_pp", "interleaved", "moe_ep", "cp_ring", "cp_allgather"])
+    ParallelPlan(zero_stage=3, recompute="op", global_batch_size=16),
+], ids=["fsdp", "tp_pp", "interleaved", "moe_ep", "cp_ring", "cp_allgather", "fsdp_op_sac"])
 def test_units_are_the_schedules_compute(plan):
     """Every compute op of a rank's program is one of the units the estimate times (m times
     over the stage's layers by class, its embedding or head) or the step end's: MoE layers

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.conftest import cluster, gpt
@@ -15,6 +17,7 @@ from twin.spec import (
     ParallelPlan,
     build_job,
 )
+from twin.spec.moe import MoESpec
 
 
 def job(model=None, clu=None, **plan):
@@ -145,6 +148,16 @@ def test_fsdp_reduce_dtype_is_checked():
         ParallelPlan(zero_stage=3, fsdp_reduce_dtype="fp8")
 
 
+def test_op_level_sac_is_refused_where_it_is_not_modelled():
+    with pytest.raises(ConfigError, match=r"recompute=op .* tp=2 cp=1; set tp=1 cp=1"):
+        ParallelPlan(tp=2, recompute="op")
+    moe = dataclasses.replace(gpt(), moe=MoESpec(num_experts=8, experts_per_token=2,
+                                                 moe_ffn_hidden_size=256))
+    with pytest.raises(ConfigError, match=r"recompute=op .* MoE layers"):
+        build_job(moe, cluster(), ParallelPlan(recompute="op"))
+    build_job(gpt(), cluster(), ParallelPlan(recompute="op"))
+
+
 def test_cp_fields_are_checked():
     """cp is no longer reserved; its fields are checked like the others (tests/spec/
     test_context_spec.py has the CP plans that cannot work)."""
@@ -178,7 +191,7 @@ def test_dtype_needs_a_peak():
     (lambda: ParallelPlan(pp_schedule="zb"), "parallel.pp_schedule='zb' is not one of "
                                              "gpipe|1f1b|interleaved"),
     (lambda: ParallelPlan(recompute="some"), "parallel.recompute='some' is not one of "
-                                             "none|selective|full"),
+                                             "none|selective|op|full"),
     (lambda: ParallelPlan(zero_stage=4), "parallel.zero_stage=4 is not one of 0|1|2|3"),
     (lambda: cluster(intra=IntraNodeSpec(kind="nvlink")), "cluster.intra.kind='nvlink' is not "
                                                           "one of nvswitch|pcie|shared_cpu"),

@@ -7,7 +7,9 @@ dropout mask (when the model has dropout). Backward frees them once the unit's b
 is done. ``recompute=full`` keeps only a layer's input and runs the whole layer forward
 again, in its own ``recompute`` phase, just before the layer's backward (its activations
 allocated for that while); ``recompute=selective`` re-runs only the attention core
-(Korthikanti §5).
+(Korthikanti §5); ``recompute=op`` (torchtitan's op-level SAC) keeps every other matmul's
+output and the attention's, and re-runs the rest of the layer up to what its backward needs
+(TensorParallel.op_recompute), holding the difference to the kept bytes of ``none``.
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ class Recompute(Pass):
             self.b.alloc(rctx, f"ract.L{unit.key}.mb{rctx.mb}", "activations",
                          self.full_layer_bytes + self._moe(unit.key, "none"))
             unit.x = self.tp.layer_forward(rctx, [unit.x, unit.deps])
+        elif self.policy == "op":  # what the layer did not keep, held until its backward
+            self.b.alloc(rctx, f"ract.L{unit.key}.mb{rctx.mb}", "activations",
+                         self.full_layer_bytes - self.layer_bytes)
+            unit.x = self.tp.op_recompute(rctx, [unit.x, unit.deps])
         elif self.policy == "selective":
             unit.recompute_attention = self.tp.attention_recompute(rctx, [unit.x, unit.deps])
 
@@ -97,6 +103,7 @@ class Recompute(Pass):
         buf = self._buffer(unit)
         if buf:
             self.b.free(unit.ctx, buf[0], "activations", buf[1], [unit.out])
-        if unit.kind == LAYER and self.policy == "full":
+        if unit.kind == LAYER and self.policy in ("full", "op"):
             self.b.free(unit.ctx, f"ract.L{unit.key}.mb{unit.ctx.mb}", "activations",
-                        self.full_layer_bytes + self._moe(unit.key, "none"), [unit.out])
+                        self.full_layer_bytes + self._moe(unit.key, "none") if self.policy ==
+                        "full" else self.full_layer_bytes - self.layer_bytes, [unit.out])

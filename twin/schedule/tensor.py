@@ -284,6 +284,27 @@ class TensorParallel(Pass):
         return self.b.attention(ctx, "attn", self.mb, self.heads, self.kv_heads,
                                 self.model.seq_len, self.d, [x], eager=self.eager)
 
+    def op_recompute(self, ctx: Ctx, x: Idx) -> int:
+        """torchtitan's op-level selective AC (``recompute=op``, tp = cp = 1, dense): forward
+        kept every other matmul's output (q, v, the gate or fc1, the down projection) and the
+        attention's; backward recomputes the rest as far as it needs (torch.utils.checkpoint
+        stops early): norm1, the key projection and RoPE, the output projection (from the kept
+        attention output) and the residual, norm2, then the up projection and SwiGLU (GeLU
+        from the kept fc1: no matmul)."""
+        b, n = self.b, self.tokens
+        x = b.elementwise(ctx, "norm1", n * self.h, [x], tensors=2, flops_per_element=5)
+        k = b.gemm(ctx, "k_proj", n, self.kv, self.h, [x])
+        if self.rope:
+            k = b.elementwise(ctx, "rope", n * (self.q + self.kv), [k], tensors=2,
+                              flops_per_element=3)
+        o = b.gemm(ctx, "out_proj", n, self.h, self.q, [k])
+        x = b.elementwise(ctx, "resid1", n * self.h, [o], tensors=3)
+        x = b.elementwise(ctx, "norm2", n * self.h, [x], tensors=2, flops_per_element=5)
+        if self.model.activation == "swiglu":
+            u = b.gemm(ctx, "fc_up", n, self.f, self.h, [x])
+            return b.elementwise(ctx, "act", n * self.f, [u], tensors=3, flops_per_element=4)
+        return b.elementwise(ctx, "act", n * self.f, [x], tensors=2, flops_per_element=8)
+
     # -- embedding and head ----------------------------------------------------------
     def embedding_forward(self, ctx: Ctx, x: Idx) -> Idx:
         """Vocab-parallel lookup; partial rows combined by all-reduce (TP) or

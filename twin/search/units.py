@@ -112,6 +112,8 @@ def unit_ops(job: Job) -> dict[str, list[Op]]:
             x = tp.layer_forward(rec, None)
         elif par.recompute == "selective":
             attn = tp.attention_recompute(rec, None)
+        elif par.recompute == "op":
+            x = tp.op_recompute(rec, None)
         tp.layer_backward(bwd, x, {}, recompute_attention=attn)
 
     classes = layer_classes(job)

@@ -148,6 +148,9 @@ def build_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelPlan) ->
                         f"must fit on one node of {cluster.gpus_per_node} GPUs; use DDP "
                         "(legacy_dp=false) across nodes")
     problems += expert_problems(m, p, dp)  # MoE: ep, etp and their groups
+    if p.recompute == "op" and m.moe is not None:
+        problems.append("parallel.recompute=op (op-level SAC) is modelled for dense layers; "
+                        f"model {m.name} has MoE layers: use recompute=selective|full")
     problems += context_problems(m, p)  # CP: sequence chunks, Ulysses heads
     peak8 = FLOAT8_PEAK.get(p.float8)
     if peak8 and peak8 not in cluster.gpu.peak_tflops:

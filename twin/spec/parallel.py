@@ -9,7 +9,7 @@ from twin.spec.errors import check_choice, raise_if
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1", "zb_v", "dualpipev")
 V_SCHEDULES = ("zb_v", "dualpipev")  # two chunks per rank, in a V
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 RANK_DIMS = ("tp", "cp", "pp", "dp")
 GRAD_SYNC = ("default", "last", "every")
@@ -92,7 +92,9 @@ class ParallelPlan:
     pp_virtual_stages: int = 1
     """Model chunks per pipeline rank v (interleaved only)."""
     recompute: str = "none"
-    """Activation recomputation: none, selective (attention core), or full (whole layer)."""
+    """Activation recomputation: none, selective (attention core, Megatron's), op (torchtitan's
+    op-level selective AC: every other matmul's output and the attention's are kept, the rest
+    of the layer recomputed up to what backward needs), or full (whole layer)."""
     pp_stage_layers: list[int] | None = None
     """Layers per pipeline stage (uneven splits, e.g. Llama 3 405B: [7, 8 x 14, 7]); None: even."""
     ddp_bucket_MB: float = 25.0
@@ -195,6 +197,10 @@ class ParallelPlan:
         if self.sp and self.tp == 1:
             problems.append("parallel.sp=true needs tensor parallelism but parallel.tp=1; "
                             "set parallel.tp > 1 or parallel.sp=false")
+        if self.recompute == "op" and (self.tp > 1 or self.cp > 1):
+            problems.append(f"parallel.recompute=op (op-level SAC) is modelled without tensor or "
+                            f"context parallelism (its collectives' recomputation is not), but "
+                            f"tp={self.tp} cp={self.cp}; set tp=1 cp=1 or recompute=selective|full")
         if self.pp_schedule == "interleaved":
             if self.pp == 1:
                 problems.append("parallel.pp_schedule=interleaved needs parallel.pp > 1; "

@@ -73,16 +73,23 @@ def recompute_forward_flops(model: ModelSpec, batch: int, tp: int, recompute: st
     """Extra forward FLOPs per layer redone in backward.
 
     full: the whole layer forward again; selective: the attention core again
-    (Korthikanti §5); flash attention without either recomputes the scores in its
-    backward (FlashAttention-2: 5 backward matmuls vs 2 forward, so +0.5 core).
+    (Korthikanti §5); op (torchtitan's op-level SAC): the key, output and (SwiGLU) up
+    projections (TensorParallel.op_recompute); flash attention without full or selective
+    recomputes the scores in its backward (FlashAttention-2: 5 backward matmuls vs 2
+    forward, so +0.5 core).
     """
     if recompute == "full":
         return layer_forward_flops(model, batch, tp)
     if recompute == "selective":
         return attention_core_flops(model, batch, tp)
+    extra = 0
+    if recompute == "op":
+        h, q = model.hidden_size, model.num_heads * model.head_dim
+        up = model.ffn_hidden_size if model.activation == "swiglu" else 0
+        extra = 2 * batch * model.seq_len * h * (model.num_kv_heads * model.head_dim + q + up) // tp
     if flash_attention:
-        return attention_core_flops(model, batch, tp) // 2
-    return 0
+        return extra + attention_core_flops(model, batch, tp) // 2
+    return extra
 
 
 def model_flops_per_step(model: ModelSpec, global_batch: int) -> int:

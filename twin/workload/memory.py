@@ -175,8 +175,8 @@ def rank_memory(job: Job, rank: int, recompute: str | None = None) -> Memory:
     buffers), the largest transient, and on a GPU the workspaces, the allocator's reserve,
     NCCL's buffers and the CUDA context.
 
-    ``recompute`` overrides the plan's policy; it also takes ``"op"`` (torchtitan's
-    op-level selective checkpointing), which ``ParallelPlan.recompute`` does not offer.
+    ``recompute`` overrides the plan's policy (``"op"``: torchtitan's op-level selective
+    checkpointing, as ``parallel.recompute=op``).
     """
     recompute = recompute or job.parallel.recompute
     mem = _tensor_memory(job, rank, recompute)
