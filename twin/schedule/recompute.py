@@ -85,14 +85,11 @@ class Recompute(Pass):
         if unit.kind != LAYER or self.policy == "none":
             return
         rctx = unit.ctx.at(phase="recompute")
-        if self.policy == "full":
+        if self.policy in ("full", "op"):
             self.b.alloc(rctx, f"ract.L{unit.key}.mb{rctx.mb}", "activations",
-                         self.full_layer_bytes + self._moe(unit.key, "none"))
-            unit.x = self.tp.layer_forward(rctx, [unit.x, unit.deps])
-        elif self.policy == "op":  # what the layer did not keep, held until its backward
-            self.b.alloc(rctx, f"ract.L{unit.key}.mb{rctx.mb}", "activations",
-                         self.full_layer_bytes - self.layer_bytes)
-            unit.x = self.tp.op_recompute(rctx, [unit.x, unit.deps])
+                         self._recomputed_bytes(unit))
+            redo = self.tp.layer_forward if self.policy == "full" else self.tp.op_recompute
+            unit.x = redo(rctx, [unit.x, unit.deps])
         elif self.policy == "selective":
             unit.recompute_attention = self.tp.attention_recompute(rctx, [unit.x, unit.deps])
 
@@ -105,5 +102,11 @@ class Recompute(Pass):
             self.b.free(unit.ctx, buf[0], "activations", buf[1], [unit.out])
         if unit.kind == LAYER and self.policy in ("full", "op"):
             self.b.free(unit.ctx, f"ract.L{unit.key}.mb{unit.ctx.mb}", "activations",
-                        self.full_layer_bytes + self._moe(unit.key, "none") if self.policy ==
-                        "full" else self.full_layer_bytes - self.layer_bytes, [unit.out])
+                        self._recomputed_bytes(unit), [unit.out])
+
+    def _recomputed_bytes(self, unit: Unit) -> float:
+        """What a layer's recomputation holds until its backward is done: the whole layer's
+        activations (full), or what recompute=none keeps beyond what op-level SAC kept."""
+        if self.policy == "full":
+            return self.full_layer_bytes + self._moe(unit.key, "none")
+        return self.full_layer_bytes - self.layer_bytes

@@ -297,7 +297,7 @@ class TensorParallel(Pass):
         if self.rope:
             k = b.elementwise(ctx, "rope", n * (self.q + self.kv), [k], tensors=2,
                               flops_per_element=3)
-        o = b.gemm(ctx, "out_proj", n, self.h, self.q, [k])
+        o = b.gemm(ctx, "out_proj", n, self.h, self.q, [k])  # (its input kept; one stream)
         x = b.elementwise(ctx, "resid1", n * self.h, [o], tensors=3)
         x = b.elementwise(ctx, "norm2", n * self.h, [x], tensors=2, flops_per_element=5)
         if self.model.activation == "swiglu":
