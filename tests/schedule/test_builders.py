@@ -43,6 +43,8 @@ PLANS = {
     "tp": dict(tp=4, global_batch_size=4),
     "tp_sp": dict(tp=4, sp=True, global_batch_size=4),
     "tp_sp_full": dict(tp=2, sp=True, recompute="full", global_batch_size=8),
+    "tp_op_sac": dict(tp=2, recompute="op", global_batch_size=8),
+    "tp_sp_op_sac": dict(tp=2, sp=True, recompute="op", global_batch_size=8),
     "tp_sp_norms": dict(tp=4, sp=True, sp_norm_grad_sync="per_tensor", global_batch_size=4),
     "tp_sp_norms_coalesced": dict(tp=4, sp=True, sp_norm_grad_sync="coalesced", global_batch_size=4),
     "gpipe": dict(pp=4, pp_schedule="gpipe", global_batch_size=8),
@@ -183,6 +185,40 @@ def test_op_level_sac_recomputes_what_backward_needs_and_kept_nothing_of():
     first = next(i for i, op in enumerate(ops) if op.phase == "recompute")
     assert ops[first - 1].phase == "bwd"
     assert s * b * 2 * model.hidden_size * model.hidden_size <= gemm  # out_proj at least
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp_sp"])
+def test_op_level_sac_under_tp_reruns_the_gathers_and_the_unsaved_all_reduce(sp):
+    """torchtitan's SAC policy under TP saves reduce-scatter outputs (_save_list) but not
+    all-gathers or all-reduces, and the recomputation replays the forward in order up to the
+    last tensor backward needs: under SP it gathers norm1's and norm2's outputs again (the
+    inputs of the key and up projections), under plain TP it all-reduces the output
+    projection again (resid1 needs it); nothing else is communicated. Norms and residuals
+    run on the rank's tokens (s/t under SP)."""
+    model = gpt(activation="swiglu", position_embedding="rope")
+    job = build_job(model, cluster(), ParallelPlan(tp=2, sp=sp, recompute="op",
+                                                   global_batch_size=8))
+    ops = build_program(job, 0).ops
+    rec = [op for op in ops if op.phase == "recompute" and op.layer == 2 and op.mb == 0]
+    names = [op.name.rsplit("/", 1)[1] for op in rec if not op.is_memory]
+    if sp:
+        assert names == ["norm1", "ag1", "k_proj", "rope", "out_proj", "resid1", "norm2", "ag2",
+                         "fc_up", "act"]
+    else:
+        assert names == ["norm1", "k_proj", "rope", "out_proj", "ar1", "resid1", "norm2",
+                         "fc_up", "act"]
+    b, s, h = job.parallel.micro_batch_size, model.seq_len, model.hidden_size
+    calls = [op for op in rec if op.is_collective]
+    assert {op.kind for op in calls} == {"all_gather" if sp else "all_reduce"}
+    assert all(op.group_name == "tp" and op.bytes == s * b * h * 2 for op in calls)
+    gemm = sum(op.flops for op in rec if op.kind == "gemm")
+    assert gemm == recompute_forward_flops(model, b, 2, "op", False)
+    norm1 = next(op for op in rec if op.name.endswith("/norm1"))
+    assert norm1.bytes == 2 * 2 * s * b * h / (2 if sp else 1)  # read and write e = 2 bytes
+    (held,) = [op for op in rec if op.kind == "alloc"]
+    fa = job.parallel.flash_attention
+    assert held.bytes == pytest.approx(activation_bytes_per_layer(model, b, 2, sp, "none", fa)
+                                       - activation_bytes_per_layer(model, b, 2, sp, "op", fa))
 
 
 def test_legacy_dp_device_zero_does_more():

@@ -43,7 +43,9 @@ H100x2 = dataclasses.replace(H100, num_nodes=2)
     ParallelPlan(cp=4, tp=2, sp=True, global_batch_size=8),
     ParallelPlan(cp=2, cp_method="allgather", pp=2, global_batch_size=8),
     ParallelPlan(zero_stage=3, recompute="op", global_batch_size=16),
-], ids=["fsdp", "tp_pp", "interleaved", "moe_ep", "cp_ring", "cp_allgather", "fsdp_op_sac"])
+    ParallelPlan(tp=2, sp=True, pp=2, zero_stage=3, recompute="op", global_batch_size=8),
+], ids=["fsdp", "tp_pp", "interleaved", "moe_ep", "cp_ring", "cp_allgather", "fsdp_op_sac",
+        "tp_sp_op_sac"])
 def test_units_are_the_schedules_compute(plan):
     """Every compute op of a rank's program is one of the units the estimate times (m times
     over the stage's layers by class, its embedding or head) or the step end's: MoE layers
@@ -128,6 +130,9 @@ FEATURES = {
     "cp4_ring_tp2": (LONG, ParallelPlan(cp=4, tp=2, sp=True, global_batch_size=16)),
     "cp2_allgather": (LONG, ParallelPlan(cp=2, cp_method="allgather", global_batch_size=16)),
     "hsdp2": (MODEL, ParallelPlan(zero_stage=3, dp_replicate=2, global_batch_size=32)),
+    "op_sac_tp2": (MODEL, ParallelPlan(tp=2, recompute="op", global_batch_size=32)),
+    "op_sac_tp2_sp_fsdp": (MODEL, ParallelPlan(tp=2, sp=True, zero_stage=3, recompute="op",
+                                               global_batch_size=32)),
     "zb_h1": (MODEL, ParallelPlan(pp=4, pp_schedule="zb_h1", global_batch_size=64)),
     "zb_v": (MODEL, ParallelPlan(pp=4, pp_schedule="zb_v", pp_virtual_stages=2,
                                  global_batch_size=64)),
@@ -139,7 +144,8 @@ FEATURES = {
 @pytest.mark.filterwarnings("ignore")
 def test_estimate_prices_experts_context_hsdp_and_split_backward_as_the_twin():
     """On 16 H100s, a plan with each feature the search now ranks (EP all-to-alls and
-    expert-DP, CP ring and all-gather, HSDP, ZB-H1 / ZB-V / DualPipeV): the estimate is
+    expert-DP, CP ring and all-gather, HSDP, op-level SAC under TP, ZB-H1 / ZB-V /
+    DualPipeV): the estimate is
     within 10% of the full twin at the median and 15% on each."""
     cost = default_cost_model(H100x2)
     est = Estimator(cost)

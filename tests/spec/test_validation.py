@@ -149,8 +149,11 @@ def test_fsdp_reduce_dtype_is_checked():
 
 
 def test_op_level_sac_is_refused_where_it_is_not_modelled():
-    with pytest.raises(ConfigError, match=r"recompute=op .* tp=2 cp=1; set tp=1 cp=1"):
-        ParallelPlan(tp=2, recompute="op")
+    with pytest.raises(ConfigError, match=r"recompute=op .* cp=2; set cp=1"):
+        ParallelPlan(cp=2, recompute="op")
+    with pytest.raises(ConfigError, match=r"recompute=op .*\(async_tp=true\)"):
+        ParallelPlan(tp=2, sp=True, async_tp=True, compile=True, recompute="op")
+    ParallelPlan(tp=2, sp=True, recompute="op")  # torchtitan's TP recipes use it
     moe = dataclasses.replace(gpt(), moe=MoESpec(num_experts=8, experts_per_token=2,
                                                  moe_ffn_hidden_size=256))
     with pytest.raises(ConfigError, match=r"recompute=op .* MoE layers"):

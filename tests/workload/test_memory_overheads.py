@@ -89,6 +89,23 @@ def test_op_level_sac_keeps_input_odd_matmuls_and_attention():
     assert activation_bytes_per_layer(m, 1, recompute="op", flash_attention=True) == expected
 
 
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp_sp"])
+def test_op_level_sac_under_tp_keeps_the_local_shards_and_the_reduce_scatters(sp):
+    # the same policy on one of 4 TP ranks: wq, wv and w1 outputs are column shards (/t),
+    # w2's output is the row-parallel partial sum (whole), the attention's output and LSE
+    # are the rank's heads; under SP the block input is a sequence shard and the two
+    # reduce-scatter outputs (in _save_list) are kept too
+    m = gpt(hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+            activation="swiglu", seq_len=8192)
+    sb, h, kv, f, t = 8192, 4096, 1024, 14336, 4
+    x = h / t if sp else h
+    expected = 2 * sb * (x + h / t + kv / t + f / t + h) + 2 * sb * h / t + 4 * sb * 32 / t
+    if sp:
+        expected += 2 * 2 * sb * h / t
+    got = activation_bytes_per_layer(m, 1, tp=t, sp=sp, recompute="op", flash_attention=True)
+    assert got == pytest.approx(expected)
+
+
 def test_temporary_is_the_larger_of_loss_and_layer_on_the_last_stage_only():
     job = build_job(gpt(), _gpu(gpus=2), ParallelPlan(pp=2, global_batch_size=4))
     b, last = 1, job.grid.rank(pp=1)

@@ -285,21 +285,27 @@ class TensorParallel(Pass):
                                 self.model.seq_len, self.d, [x], eager=self.eager)
 
     def op_recompute(self, ctx: Ctx, x: Idx) -> int:
-        """torchtitan's op-level selective AC (``recompute=op``, tp = cp = 1, dense): forward
-        kept every other matmul's output (q, v, the gate or fc1, the down projection) and the
-        attention's; backward recomputes the rest as far as it needs (torch.utils.checkpoint
-        stops early): norm1, the key projection and RoPE, the output projection (from the kept
-        attention output) and the residual, norm2, then the up projection and SwiGLU (GeLU
-        from the kept fc1: no matmul)."""
-        b, n = self.b, self.tokens
-        x = b.elementwise(ctx, "norm1", n * self.h, [x], tensors=2, flops_per_element=5)
+        """torchtitan's op-level selective AC (``recompute=op``, cp = 1, dense): forward
+        kept every other matmul's output (q, v, the gate or fc1, the down projection), the
+        attention's and, under SP, the reduce-scatters' (its ``_save_list``); backward replays
+        the forward in order as far as it needs (torch.utils.checkpoint stops early), running
+        what was not kept: norm1, under SP its all-gather, the key projection and RoPE, the
+        output projection (from the kept attention output), under plain TP its all-reduce
+        (the reduce-scatter's output was kept), the residual, norm2, under SP its all-gather,
+        then the up projection and SwiGLU (GeLU from the kept fc1: no matmul)."""
+        b, n, lt = self.b, self.tokens, self.local_tokens
+        x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5)
+        x = self._f(ctx, "ag1", x)
         k = b.gemm(ctx, "k_proj", n, self.kv, self.h, [x])
         if self.rope:
             k = b.elementwise(ctx, "rope", n * (self.q + self.kv), [k], tensors=2,
                               flops_per_element=3)
         o = b.gemm(ctx, "out_proj", n, self.h, self.q, [k])  # (its input kept; one stream)
-        x = b.elementwise(ctx, "resid1", n * self.h, [o], tensors=3)
-        x = b.elementwise(ctx, "norm2", n * self.h, [x], tensors=2, flops_per_element=5)
+        if not self.sp:
+            o = self._g(ctx, "ar1", o)
+        x = b.elementwise(ctx, "resid1", lt * self.h, [o], tensors=3)
+        x = b.elementwise(ctx, "norm2", lt * self.h, [x], tensors=2, flops_per_element=5)
+        x = self._f(ctx, "ag2", x)
         if self.model.activation == "swiglu":
             u = b.gemm(ctx, "fc_up", n, self.f, self.h, [x])
             return b.elementwise(ctx, "act", n * self.f, [u], tensors=3, flops_per_element=4)

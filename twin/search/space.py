@@ -274,15 +274,17 @@ def _plans_of(model: ModelSpec, space: SearchSpace, gpn: int, tp: int, pp: int, 
     sps = _choices(space, "sp", (False, True)) if tp > 1 else \
         [False] if space.sp is None or False in space.sp else []
     zeros = _choices(space, "zero_stage", ZERO_STAGES) if dp * cp > 1 else [0]
-    # op-level SAC when asked for (not by default), where it is modelled: tp = cp = 1, dense
+    # op-level SAC when asked for (not by default), where it is modelled: cp = 1, dense
     recomputes = [r for r in _choices(space, "recompute", RECOMPUTE if space.recompute
                                       else tuple(r for r in RECOMPUTE if r != "op"))
-                  if r != "op" or (tp == 1 and cp == 1 and model.moe is None)]
+                  if r != "op" or (cp == 1 and model.moe is None)]
     for mb in mbs:
         for sched, v in _schedules(space, model, pp, per_dp // mb):
             for sp, zero, rec in itertools.product(sps, zeros, recomputes):
                 if zero == 3 and sched in ("zb_h1",) + V_SCHEDULES:
                     continue  # ZeRO-3 with a split backward is not modelled
+                if rec == "op" and sp and base.async_tp:
+                    continue  # op-level SAC is modelled with TP's own collectives
                 reshards = _choices(space, "fsdp_reshard_after_forward", (True, False)) \
                     if zero == 3 else [True]
                 for (ep, etp), reshard in itertools.product(

@@ -197,10 +197,14 @@ class ParallelPlan:
         if self.sp and self.tp == 1:
             problems.append("parallel.sp=true needs tensor parallelism but parallel.tp=1; "
                             "set parallel.tp > 1 or parallel.sp=false")
-        if self.recompute == "op" and (self.tp > 1 or self.cp > 1):
-            problems.append(f"parallel.recompute=op (op-level SAC) is modelled without tensor or "
-                            f"context parallelism (its collectives' recomputation is not), but "
-                            f"tp={self.tp} cp={self.cp}; set tp=1 cp=1 or recompute=selective|full")
+        if self.recompute == "op" and self.cp > 1:
+            problems.append(f"parallel.recompute=op (op-level SAC) is modelled without context "
+                            f"parallelism (the recomputation of its KV exchange is not), but "
+                            f"cp={self.cp}; set cp=1 or recompute=selective|full")
+        if self.recompute == "op" and self.async_tp and self.sp and self.tp > 1:
+            problems.append("parallel.recompute=op (op-level SAC) is modelled with TP's own "
+                            "collectives, not async TP's fused ones (async_tp=true); set "
+                            "async_tp=false or recompute=selective|full")
         if self.pp_schedule == "interleaved":
             if self.pp == 1:
                 problems.append("parallel.pp_schedule=interleaved needs parallel.pp > 1; "

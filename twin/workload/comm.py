@@ -18,9 +18,10 @@ what the rank itself sends with ring algorithms: 2(n-1)/n * S for all-reduce,
   shard (Psi / dp_shard) over the dp_replicate group.
 - TP: per layer and micro-batch two all-reduces of b*s*h forward and two backward
   (Narayanan §3.2); with SP the same bytes as all-gathers and reduce-scatters
-  (Korthikanti §4.2.2); full recompute repeats the forward two. Async TP sends each of a
-  layer's all-gathers and reduce-scatters as tp - 1 ring steps of b*s*h/t (the same wire
-  bytes).
+  (Korthikanti §4.2.2); full recompute repeats the forward two; op-level SAC re-runs the
+  two all-gathers (SP: the reduce-scatters' outputs are kept) or the first all-reduce.
+  Async TP sends each of a layer's all-gathers and reduce-scatters as tp - 1 ring steps of
+  b*s*h/t (the same wire bytes).
 - CP: every token-proportional message above on s/cp tokens, gradients over dp x cp, and
   the attention's KV exchange per layer (twin/workload/context.py).
 - PP: b*s*h forward to the next stage and backward to the previous per
@@ -119,6 +120,11 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
             tp.add("reduce_scatter", layers * m * per_layer, bsh)
         else:
             tp.add("all_reduce", layers * m * per_layer, bsh)
+        if par.recompute == "op":  # op-level SAC re-runs the gathers (SP) or out_proj's reduce
+            if par.sp:
+                tp.add("all_gather", layers * m * 2, bsh)
+            else:
+                tp.add("all_reduce", layers * m, bsh)
         if stage == 0:  # vocab-parallel embedding: partial sums combined forward
             if par.sp:  # reduce-scattered into the sequence shards, gathered back in backward
                 tp.add("reduce_scatter", m, bsh)

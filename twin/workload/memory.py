@@ -117,8 +117,10 @@ def activation_bytes_per_layer(model: ModelSpec, batch: int, tp: int = 1, sp: bo
 
     ``recompute="op"`` is torchtitan's op-level selective checkpointing (its
     ``_save_list`` policy, parallelize_llama.py): the block's input, the output of every
-    other matmul in forward order (the 1st, 3rd, ...) and the fused attention's output
-    (with its fp32 log-sum-exp) are kept; everything else is recomputed in backward.
+    other matmul in forward order (the 1st, 3rd, ...: column shards under TP, the down
+    projection's row-parallel partial sum whole), the fused attention's output (with its
+    fp32 log-sum-exp) and, under SP, the two reduce-scatters' outputs are kept; everything
+    else is recomputed in backward.
     """
     s, b, h, e = model.seq_len, batch, model.hidden_size, model.dtype_bytes
     sbh = s * b * h
@@ -133,7 +135,8 @@ def activation_bytes_per_layer(model: ModelSpec, batch: int, tp: int = 1, sp: bo
         mlp = [f_local, f_local, h] if model.activation == "swiglu" else [f_local, h]
         saved = sum([q, kv, kv, h, *mlp][0::2])  # matmul outputs per token, every other one
         attn = e * q + 4 * heads if flash_attention else 0  # fused attention output + LSE
-        return e * sbh / rep_div + s * b * (e * saved + attn)
+        scattered = 2 * e * sbh / tp if sp else 0  # the reduce-scatters' outputs
+        return e * sbh / rep_div + s * b * (e * saved + attn) + scattered
     mask = 1 if model.dropout else 0
     # Whole under TP (split under SP): 2 norm inputs, QKV and FC1 inputs, 2 dropout masks.
     replicated = 4 * e * sbh + 2 * mask * sbh
