@@ -131,8 +131,17 @@ class Layer(nn.Module):
         self.norm2 = RMSNorm(spec.hidden_size)
         moe = spec.moe is not None and spec.moe.is_moe_layer(index)
         self.mlp = MoEMLP(spec, index) if moe else MLP(spec)
+        self.checkpoint = None
+        """Activation checkpointing: ``checkpoint(fn, x)`` runs the block's forward under it
+        (executor/conformance/checkpoint.py); None: no checkpointing. Set on the block itself,
+        not as a wrapper module, so that parameter names stay the twin's."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint is not None:
+            return self.checkpoint(self.block, x)
+        return self.block(x)
+
+    def block(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 

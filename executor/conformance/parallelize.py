@@ -2,7 +2,8 @@
 
 Applied in torchtitan's fixed order: split into pipeline chunks (``pipeline_chunks``),
 then tensor parallelism inside each chunk (``apply_tp``), then a MoE model's expert
-parallelism (``experts.apply_ep``), then data parallelism over the DP mesh dimension
+parallelism (``experts.apply_ep``), then activation checkpointing (``checkpoint.apply_ac``),
+then data parallelism over the DP mesh dimension
 (``apply_fsdp`` or ``apply_ddp``, which leaves EP-sharded experts to their own sync). The
 device mesh is built from the job's RankGrid (``device_mesh``), so PyTorch's groups are the
 twin's groups.
@@ -15,6 +16,7 @@ import copy
 import torch
 from torch import nn
 
+from executor.conformance.checkpoint import apply_ac
 from twin.spec import ConfigError, Job
 
 MESH_DIMS = ("dp", "pp", "tp")
@@ -36,9 +38,10 @@ def check_plan(job: Job) -> None:
         problems.append(f"parallel.fsdp_reduce_dtype={p.fsdp_reduce_dtype} with model.dtype="
                         f"{m.dtype}: conformance's FSDP2 reduces gradients in the model's dtype "
                         f"(no MixedPrecisionPolicy); set parallel.fsdp_reduce_dtype={m.dtype}")
-    if p.recompute != "none":
-        problems.append(f"parallel.recompute={p.recompute}: conformance runs without activation "
-                        "checkpointing; set parallel.recompute=none")
+    if p.recompute not in ("none", "op"):
+        problems.append(f"parallel.recompute={p.recompute}: conformance checkpoints as torchtitan "
+                        "does (recompute=op, its op-level selective AC) or not at all; set "
+                        "parallel.recompute=op or none")
     if p.pp > 1 and m.tie_embeddings:
         problems.append("model.tie_embeddings=true with parallel.pp > 1: torch.distributed."
                         "pipelining has no shared weights across stages; set tie_embeddings=false")
@@ -241,6 +244,7 @@ def parallelize(model: nn.Module, job: Job, mesh) -> list[tuple[int, nn.Module, 
                 ignore = [n for n, _ in expert_params(part)]
         if p.cp > 1:  # attention as a ring over the CP group, on the positions held here
             apply_cp(part, job, mesh["cp"].get_group())
+        apply_ac(part, p.recompute)  # after TP, before data parallelism (torchtitan's order)
         dp_name = "dp_cp" if p.cp > 1 else "dp"  # gradients over dp x cp (the schedule's dp-cp)
         if p.dp * p.cp > 1 and p.zero_stage == 3:
             dp_mesh = mesh["dp_replicate", "dp_shard"] if p.dp_replicate > 1 else mesh[dp_name]

@@ -38,6 +38,12 @@ PLANS = {  # name: (world size, plan)
     "pp_tp_sp": (4, dict(pp=2, tp=2, sp=True, **SP_NORMS)),
     "pp_ddp": (4, dict(pp=2, dp=2)),
     "hsdp": (4, dict(zero_stage=3, dp_replicate=2)),
+    # torchtitan's op-level SAC: its recomputation gathers again under SP, all-reduces out_proj
+    # again under plain TP, and issues nothing more under FSDP2 or DDP
+    "tp_sp_op_sac": (2, dict(tp=2, sp=True, recompute="op", **SP_NORMS)),
+    "tp_op_sac": (2, dict(tp=2, recompute="op")),
+    "fsdp2_op_sac": (2, dict(zero_stage=3, recompute="op")),
+    "fsdp2_tp_sp_op_sac": (4, dict(zero_stage=3, tp=2, sp=True, recompute="op", **SP_NORMS)),
 }
 
 
@@ -68,8 +74,29 @@ def test_pytorch_issues_what_the_schedule_says_and_trains_alike(name, tmp_path):
                         torch_entries(calls, 2, 0))
         assert [(d.what, d.kind, d.torch_count - d.ir_count, d.torch_bytes - d.ir_bytes)
                 for d in diffs] == [("count", "all_reduce", 9, 9 * 64 * 4)]
+    if name in ("tp_sp_op_sac", "tp_op_sac"):  # the recomputation's calls, seen by PyTorch
+        _assert_recomputed_calls(job, plan, tmp_path / "run")
     if name == "ddp":  # DDP rebuilds its buckets once, in the second step's forward
         assert {(w["step"], w["kind"]) for w in res["warmup_extras"]} == {(1, "broadcast")}
+
+
+def _assert_recomputed_calls(job, plan: dict, run) -> None:
+    """Against the schedule without checkpointing, PyTorch's op-level SAC step issued one
+    call more per layer and micro-batch for each call the recomputation re-runs (SP: norm1's
+    and norm2's all-gathers; plain TP: out_proj's all-reduce), of the activation's bytes, and
+    nothing else."""
+    from twin.schedule.builder import build_schedule
+
+    plain = _job(2, {**plan, "recompute": "none"})
+    calls = json.loads(result_path(run, 0).read_text())["calls"]
+    diffs = compare(plain, 0, ir_entries(build_schedule(plain).program(0)),
+                    torch_entries(calls, 2, 0))
+    m, layers = job.parallel.num_microbatches, job.model.num_layers
+    act = job.parallel.micro_batch_size * job.model.seq_len * job.model.hidden_size * 4
+    kind, per_layer = ("all_gather", 2) if plan.get("sp") else ("all_reduce", 1)
+    counted = [(d.kind, d.torch_count - d.ir_count, d.torch_bytes - d.ir_bytes)
+               for d in diffs if d.what == "count"]
+    assert counted == [(kind, per_layer * layers * m, per_layer * layers * m * act)], counted
 
 
 @pytest.mark.multiprocess
