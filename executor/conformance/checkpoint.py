@@ -1,4 +1,5 @@
-"""Activation checkpointing as torchtitan applies it, for ``parallel.recompute=op``.
+"""Activation checkpointing as torchtitan applies it, for ``parallel.recompute=op`` and
+``recompute=full`` with ``recompute_early_stop``.
 
 torchtitan's op-level selective AC (``activation_checkpoint.mode=selective``,
 ``selective_ac_option=op``) checkpoints each transformer block with the non-reentrant
@@ -9,9 +10,14 @@ backward needs (checkpoint's early stop). The policy counts matmuls per checkpoi
 fresh count each forward and each recomputation). On CPU, SDPA runs as
 ``_scaled_dot_product_flash_attention_for_cpu``, kept as its CUDA variants are.
 
-This is what the twin's ``recompute=op`` schedules (twin.schedule.tensor.TensorParallel.
-op_recompute), and conformance holds the collectives its recomputation issues against
-them: under SP the two all-gathers again, under plain TP the first all-reduce.
+Its full AC checkpoints each block with no policy: everything is recomputed, but the
+non-reentrant checkpoint stops early too, so the block's last GEMM and its TP reduction are
+not re-run (the twin's ``recompute_early_stop``; Megatron recomputes the whole layer).
+
+This is what the twin schedules (twin.schedule.tensor.TensorParallel.op_recompute and
+layer_forward's early stop), and conformance holds the collectives each recomputation issues
+against them: op-level SAC under SP the two all-gathers again, under plain TP the first
+all-reduce; full AC the forward's but the last reduction.
 """
 
 from __future__ import annotations
@@ -62,12 +68,20 @@ def op_sac() -> Callable:
     return partial(checkpoint, use_reentrant=False, context_fn=context, preserve_rng_state=False)
 
 
+def full_ac() -> Callable:
+    """``checkpoint(fn, x)`` as torchtitan's full AC runs it (its checkpoint wrapper's
+    default: non-reentrant, which stops recomputing once backward has what it needs)."""
+    from torch.utils.checkpoint import checkpoint
+
+    return partial(checkpoint, use_reentrant=False, preserve_rng_state=False)
+
+
 def apply_ac(model: nn.Module, recompute: str) -> None:
-    """Checkpoint every transformer block of ``model`` as ``recompute`` says (``op``; ``none``
-    leaves them alone)."""
+    """Checkpoint every transformer block of ``model`` as ``recompute`` says (``op``, or
+    ``full`` with early stop; ``none`` leaves them alone)."""
     if recompute == "none":
         return
-    if recompute != "op":
-        raise ValueError(f"conformance checkpoints recompute=op only, not {recompute!r}")
+    if recompute not in ("op", "full"):
+        raise ValueError(f"conformance checkpoints recompute=op or full, not {recompute!r}")
     for layer in model.layers.values():
-        layer.checkpoint = op_sac()
+        layer.checkpoint = op_sac() if recompute == "op" else full_ac()

@@ -38,10 +38,15 @@ def check_plan(job: Job) -> None:
         problems.append(f"parallel.fsdp_reduce_dtype={p.fsdp_reduce_dtype} with model.dtype="
                         f"{m.dtype}: conformance's FSDP2 reduces gradients in the model's dtype "
                         f"(no MixedPrecisionPolicy); set parallel.fsdp_reduce_dtype={m.dtype}")
-    if p.recompute not in ("none", "op"):
-        problems.append(f"parallel.recompute={p.recompute}: conformance checkpoints as torchtitan "
-                        "does (recompute=op, its op-level selective AC) or not at all; set "
-                        "parallel.recompute=op or none")
+    if p.recompute == "selective":
+        problems.append("parallel.recompute=selective (Megatron's attention-core recompute) has "
+                        "no PyTorch-native counterpart; conformance checkpoints as torchtitan does: "
+                        "set parallel.recompute=op, full (with recompute_early_stop=true) or none")
+    if p.recompute == "full" and not p.recompute_early_stop:
+        problems.append("parallel.recompute=full recomputes the whole layer (Megatron's), but "
+                        "PyTorch's non-reentrant checkpoint, which conformance runs as torchtitan "
+                        "does, stops before the last GEMM and its reduction; set parallel."
+                        "recompute_early_stop=true")
     if p.pp > 1 and m.tie_embeddings:
         problems.append("model.tie_embeddings=true with parallel.pp > 1: torch.distributed."
                         "pipelining has no shared weights across stages; set tie_embeddings=false")

@@ -44,6 +44,11 @@ PLANS = {  # name: (world size, plan)
     "tp_op_sac": (2, dict(tp=2, recompute="op")),
     "fsdp2_op_sac": (2, dict(zero_stage=3, recompute="op")),
     "fsdp2_tp_sp_op_sac": (4, dict(zero_stage=3, tp=2, sp=True, recompute="op", **SP_NORMS)),
+    # torchtitan's full AC: PyTorch's non-reentrant checkpoint stops before fc2 and its reduction
+    "tp_sp_full": (2, dict(tp=2, sp=True, recompute="full", recompute_early_stop=True,
+                           **SP_NORMS)),
+    "tp_full": (2, dict(tp=2, recompute="full", recompute_early_stop=True)),
+    "fsdp2_full": (2, dict(zero_stage=3, recompute="full", recompute_early_stop=True)),
 }
 
 
@@ -74,17 +79,17 @@ def test_pytorch_issues_what_the_schedule_says_and_trains_alike(name, tmp_path):
                         torch_entries(calls, 2, 0))
         assert [(d.what, d.kind, d.torch_count - d.ir_count, d.torch_bytes - d.ir_bytes)
                 for d in diffs] == [("count", "all_reduce", 9, 9 * 64 * 4)]
-    if name in ("tp_sp_op_sac", "tp_op_sac"):  # the recomputation's calls, seen by PyTorch
+    if name in ("tp_sp_op_sac", "tp_op_sac", "tp_sp_full", "tp_full"):  # what PyTorch re-ran
         _assert_recomputed_calls(job, plan, tmp_path / "run")
     if name == "ddp":  # DDP rebuilds its buckets once, in the second step's forward
         assert {(w["step"], w["kind"]) for w in res["warmup_extras"]} == {(1, "broadcast")}
 
 
 def _assert_recomputed_calls(job, plan: dict, run) -> None:
-    """Against the schedule without checkpointing, PyTorch's op-level SAC step issued one
-    call more per layer and micro-batch for each call the recomputation re-runs (SP: norm1's
-    and norm2's all-gathers; plain TP: out_proj's all-reduce), of the activation's bytes, and
-    nothing else."""
+    """Against the schedule without checkpointing, PyTorch's step issued one call more per
+    layer and micro-batch for each call its recomputation re-runs, of the activation's bytes,
+    and nothing else: op-level SAC under SP norm1's and norm2's all-gathers, under plain TP
+    out_proj's all-reduce; full AC (stopping early) the forward's calls but fc2's reduction."""
     from twin.schedule.builder import build_schedule
 
     plain = _job(2, {**plan, "recompute": "none"})
@@ -93,10 +98,13 @@ def _assert_recomputed_calls(job, plan: dict, run) -> None:
                     torch_entries(calls, 2, 0))
     m, layers = job.parallel.num_microbatches, job.model.num_layers
     act = job.parallel.micro_batch_size * job.model.seq_len * job.model.hidden_size * 4
-    kind, per_layer = ("all_gather", 2) if plan.get("sp") else ("all_reduce", 1)
-    counted = [(d.kind, d.torch_count - d.ir_count, d.torch_bytes - d.ir_bytes)
-               for d in diffs if d.what == "count"]
-    assert counted == [(kind, per_layer * layers * m, per_layer * layers * m * act)], counted
+    full = plan["recompute"] == "full"
+    per_layer = {"all_gather": 2, "reduce_scatter": 1 if full else 0} if plan.get("sp") else \
+        {"all_reduce": 1}
+    counted = sorted((d.kind, d.torch_count - d.ir_count, d.torch_bytes - d.ir_bytes)
+                     for d in diffs if d.what == "count")
+    assert counted == [(k, n * layers * m, n * layers * m * act)
+                       for k, n in sorted(per_layer.items()) if n], counted
 
 
 @pytest.mark.multiprocess

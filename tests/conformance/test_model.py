@@ -68,7 +68,8 @@ def test_gpt_style_models_and_low_precision_are_refused_with_the_fix():
 @pytest.mark.parametrize("plan, words", [
     (dict(zero_stage=1), "zero_stage=1 has no PyTorch-native"),
     (dict(legacy_dp=True), "nn.DataParallel"),
-    (dict(tp=2, recompute="full"), "recompute=op or none"),
+    (dict(tp=2, recompute="full"), "set parallel.recompute_early_stop=true"),
+    (dict(tp=2, recompute="selective"), "no PyTorch-native counterpart"),
     (dict(pp=2, zero_stage=3), "zero_stage=3 with pp > 1"),
     (dict(pp=2, pp_schedule="gpipe"), "ScheduleGPipe trips DDP's Reducer"),
     (dict(zero_stage=3, fsdp_reduce_dtype="bf16"), "set parallel.fsdp_reduce_dtype=fp32"),

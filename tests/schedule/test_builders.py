@@ -45,6 +45,10 @@ PLANS = {
     "tp_sp_full": dict(tp=2, sp=True, recompute="full", global_batch_size=8),
     "tp_op_sac": dict(tp=2, recompute="op", global_batch_size=8),
     "tp_sp_op_sac": dict(tp=2, sp=True, recompute="op", global_batch_size=8),
+    "tp_sp_full_early_stop": dict(tp=2, sp=True, recompute="full", recompute_early_stop=True,
+                                  global_batch_size=8),
+    "tp_full_early_stop": dict(tp=2, recompute="full", recompute_early_stop=True,
+                               global_batch_size=8),
     "tp_sp_norms": dict(tp=4, sp=True, sp_norm_grad_sync="per_tensor", global_batch_size=4),
     "tp_sp_norms_coalesced": dict(tp=4, sp=True, sp_norm_grad_sync="coalesced", global_batch_size=4),
     "gpipe": dict(pp=4, pp_schedule="gpipe", global_batch_size=8),
@@ -219,6 +223,29 @@ def test_op_level_sac_under_tp_reruns_the_gathers_and_the_unsaved_all_reduce(sp)
     fa = job.parallel.flash_attention
     assert held.bytes == pytest.approx(activation_bytes_per_layer(model, b, 2, sp, "none", fa)
                                        - activation_bytes_per_layer(model, b, 2, sp, "op", fa))
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp_sp"])
+def test_full_recompute_with_early_stop_ends_before_the_last_gemm(sp):
+    """recompute_early_stop (torch.utils.checkpoint's non-reentrant early stop, torchtitan's full
+    AC) re-runs the layer forward only up to the last tensor backward needs, fc2's input: not
+    fc2, its all-reduce or reduce-scatter, or the residual; without it the whole layer
+    (Megatron's); its FLOPs are recompute_forward_flops' with early_stop."""
+    model = gpt(activation="swiglu", position_embedding="rope")
+    names = {}
+    for early in (False, True):
+        job = build_job(model, cluster(), ParallelPlan(tp=2, sp=sp, recompute="full",
+                                                       recompute_early_stop=early,
+                                                       global_batch_size=8))
+        rec = [op for op in build_program(job, 0).ops
+               if op.phase == "recompute" and op.layer == 2 and op.mb == 0 and not op.is_memory]
+        names[early] = [op.name.rsplit("/", 1)[1] for op in rec]
+        b = job.parallel.micro_batch_size
+        assert sum(op.flops for op in rec if op.kind in ("gemm", "attention")) == \
+            recompute_forward_flops(model, b, 2, "full", job.parallel.flash_attention, early)
+    whole = names[False]
+    assert names[True] == whole[:whole.index("act") + 1]
+    assert whole[whole.index("act") + 1:] == ["fc2", "rs2" if sp else "ar2", "resid2"]
 
 
 def test_legacy_dp_device_zero_does_more():

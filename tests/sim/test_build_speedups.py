@@ -48,6 +48,10 @@ PLANS = {  # name: (plan, model overrides, GPUs)
     "zb_v full": (dict(pp=2, pp_schedule="zb_v", pp_virtual_stages=2, recompute="full",
                        global_batch_size=16), {}, 4),
     "fp8 tp2": (dict(tp=2, float8="tensorwise", recompute="full", global_batch_size=8), {}, 8),
+    "op sac tp2 sp": (dict(tp=2, sp=True, recompute="op", global_batch_size=8),
+                      dict(activation="swiglu", position_embedding="rope"), 8),
+    "full early stop tp2 pp2": (dict(tp=2, pp=2, recompute="full", recompute_early_stop=True,
+                                     global_batch_size=8), {}, 8),
 }
 
 

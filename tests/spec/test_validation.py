@@ -158,6 +158,8 @@ def test_op_level_sac_is_refused_where_it_is_not_modelled():
                                                  moe_ffn_hidden_size=256))
     with pytest.raises(ConfigError, match=r"recompute=op .* MoE layers"):
         build_job(moe, cluster(), ParallelPlan(recompute="op"))
+    with pytest.raises(ConfigError, match=r"recompute_early_stop=true is modelled for dense"):
+        build_job(moe, cluster(), ParallelPlan(recompute="full", recompute_early_stop=True))
     build_job(gpt(), cluster(), ParallelPlan(recompute="op"))
 
 

@@ -11,6 +11,7 @@ from twin.workload.flops import (
     layer_forward_flops,
     layer_gemms,
     model_flops_per_step,
+    recompute_forward_flops,
 )
 
 GPT_SHAPES = [  # (layers, hidden, heads, seq, vocab, batch)
@@ -75,3 +76,15 @@ def test_kv_replication_costs_extra_flops():
     qkv = {t: layer_gemms(m, 1, tp=t)[0].n for t in (1, 8)}
     assert qkv[1] == 256 + 2 * 2 * 32 and qkv[8] == 32 + 2 * 32
     assert 8 * qkv[8] > qkv[1]
+
+
+def test_early_stop_leaves_the_down_projection_out_of_full_recompute():
+    m = gpt(activation="swiglu")
+    b, t = 2, 2
+    whole = recompute_forward_flops(m, b, t, "full", True)
+    assert whole == layer_forward_flops(m, b, t)
+    fc2 = 2 * b * m.seq_len * m.ffn_hidden_size * m.hidden_size // t
+    assert recompute_forward_flops(m, b, t, "full", True, early_stop=True) == whole - fc2
+    for policy in ("none", "selective", "op"):  # the others stop where they stop already
+        assert recompute_forward_flops(m, b, t, policy, True, early_stop=True) == \
+            recompute_forward_flops(m, b, t, policy, True)

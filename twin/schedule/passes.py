@@ -12,6 +12,7 @@ wrappers run their pre- and post-hooks). A hook may add the ops the unit's body 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from twin.schedule.emit import Ctx, Idx
@@ -37,6 +38,9 @@ class Unit:
     """Other ops the body waits for (e.g. its parameters' all-gather)."""
     recompute_attention: Idx = None
     """Backward: the attention core recomputed just before (selective recomputation)."""
+    recompute: Callable[[], Idx] | None = None
+    """Backward: emits the layer's recomputation where the body first needs it (PyTorch's
+    non-reentrant checkpoint, twin/schedule/recompute.py); None: recomputed before the body."""
     out: Idx = None
     """The op producing the body's output."""
     grads: dict[str, int] = field(default_factory=dict)

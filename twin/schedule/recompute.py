@@ -5,8 +5,11 @@ bytes of ``activation_bytes_per_layer`` under the plan's ``recompute`` policy
 (Korthikanti et al. 2022, Table 2), the head its input and fp32 logits, the embedding its
 dropout mask (when the model has dropout). Backward frees them once the unit's backward
 is done. ``recompute=full`` keeps only a layer's input and runs the whole layer forward
-again, in its own ``recompute`` phase, just before the layer's backward (its activations
-allocated for that while); ``recompute=selective`` re-runs only the attention core
+again (with ``recompute_early_stop``, up to fc2's input, where PyTorch's non-reentrant
+checkpoint stops), in its own ``recompute`` phase, just before the layer's backward (its
+activations allocated for that while; PyTorch's non-reentrant checkpoint, as op-level SAC
+and early stop model it, once the backward has taken the output gradient's residual and
+gather); ``recompute=selective`` re-runs only the attention core
 (Korthikanti §5); ``recompute=op`` (torchtitan's op-level SAC) keeps every other matmul's
 output and the attention's, and re-runs the rest of the layer up to what its backward needs
 (TensorParallel.op_recompute), holding the difference to the kept bytes of ``none``.
@@ -14,7 +17,9 @@ output and the attention's, and re-runs the rest of the layer up to what its bac
 
 from __future__ import annotations
 
-from twin.schedule.emit import ProgramBuilder
+from functools import partial
+
+from twin.schedule.emit import Idx, ProgramBuilder
 from twin.schedule.passes import EMBED, LAYER, Pass, Unit
 from twin.schedule.tensor import TensorParallel
 from twin.spec import ModelSpec, ParallelPlan
@@ -56,6 +61,12 @@ class Recompute(Pass):
                  tp: TensorParallel):
         self.b, self.tp = out, tp
         self.policy = par.recompute
+        self.early_stop = par.recompute_early_stop
+        # PyTorch's non-reentrant checkpoint (op-level SAC, full with early stop) recomputes
+        # when backward first unpacks a saved tensor: fc2's backward, after the output
+        # gradient's residual and (SP) gather; Megatron's at the start of the layer's backward.
+        # (Async TP fuses that gather with fc2's GEMM: recomputed before it.)
+        self.lazy = par.recompute == "op" or par.recompute_early_stop
         self.dropout = bool(model.dropout)
         self.layer_bytes = layer_activation_bytes(model, par, par.recompute)
         self.full_layer_bytes = layer_activation_bytes(model, par, "none")
@@ -88,10 +99,19 @@ class Recompute(Pass):
         if self.policy in ("full", "op"):
             self.b.alloc(rctx, f"ract.L{unit.key}.mb{rctx.mb}", "activations",
                          self._recomputed_bytes(unit))
-            redo = self.tp.layer_forward if self.policy == "full" else self.tp.op_recompute
-            unit.x = redo(rctx, [unit.x, unit.deps])
+            redo = partial(self._redo, rctx, [unit.x, unit.deps])
+            if self.lazy and self.tp.async_tp is None:  # where backward first unpacks one
+                unit.recompute = redo
+            else:
+                unit.x = redo()
         elif self.policy == "selective":
             unit.recompute_attention = self.tp.attention_recompute(rctx, [unit.x, unit.deps])
+
+    def _redo(self, rctx, deps) -> Idx:
+        """The layer's recomputation under ``rctx`` from ``deps``."""
+        if self.policy == "full":
+            return self.tp.layer_forward(rctx, deps, early_stop=self.early_stop)
+        return self.tp.op_recompute(rctx, deps)
 
     def after(self, unit: Unit) -> None:
         """Backward: free the kept activations (and a full recomputation's)."""

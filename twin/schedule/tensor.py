@@ -94,7 +94,8 @@ class TensorParallel(Pass):
             return self.embedding_backward(ctx, deps, unit.grads)
         if unit.kind == LAYER:
             return self.layer_backward(ctx, deps, unit.grads,
-                                       recompute_attention=unit.recompute_attention)
+                                       recompute_attention=unit.recompute_attention,
+                                       recompute=unit.recompute)
         return self.head_backward(ctx, deps, unit.grads)
 
     def finalize_grads(self, ctx: Ctx, waits: list[Idx]) -> list[Idx]:
@@ -180,23 +181,44 @@ class TensorParallel(Pass):
         return self._f_bwd(ctx, local, out) if backward else self._g(ctx, local, out)
 
     # -- one layer -----------------------------------------------------------------
-    def layer_forward(self, ctx: Ctx, x: Idx) -> Idx:
-        """The layer's forward (``_layer_forward``), stamped when it may be."""
-        if not self._stamps(ctx):
-            return self._layer_forward(ctx, x)
-        return self.stamper("layer", ctx, (x,), None, partial(self._layer_forward, ctx, x))
-
-    def layer_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int], *,
-                       recompute_attention: Idx = None) -> Idx:
-        """The layer's backward (``_layer_backward``), stamped when it may be."""
-        body = partial(self._layer_backward, ctx, g, grads, recompute_attention=recompute_attention)
+    def layer_forward(self, ctx: Ctx, x: Idx, *, early_stop: bool = False) -> Idx:
+        """The layer's forward (``_layer_forward``), stamped when it may be; ``early_stop``:
+        only up to fc2's input (a recomputation by torch.utils.checkpoint's non-reentrant
+        implementation stops there: backward needs nothing the rest computes)."""
+        body = partial(self._layer_forward, ctx, x, early_stop)
         if not self._stamps(ctx):
             return body()
-        return self.stamper("layer", ctx, (g, recompute_attention), grads, body)
+        return self.stamper("layer_early" if early_stop else "layer", ctx, (x,), None, body)
 
-    def _layer_forward(self, ctx: Ctx, x: Idx) -> Idx:
+    def layer_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int], *,
+                       recompute_attention: Idx = None, recompute=None) -> Idx:
+        """The layer's backward (``_layer_backward``), stamped when it may be. ``recompute``
+        (PyTorch's non-reentrant checkpoint): emits the layer's recomputation, which runs
+        when fc2's backward first unpacks a saved tensor: after the output gradient's
+        residual and (SP) gather, before fc2's GEMMs."""
+        stamps = self._stamps(ctx)
+        if recompute is not None:
+            head = partial(self._backward_head, ctx, g)
+            g = self.stamper("layer_head", ctx, (g,), None, head) if stamps else head()
+            ready = recompute()
+        else:
+            ready = None
+        body = partial(self._layer_backward, ctx, g, grads, recompute_attention=recompute_attention,
+                       ready=ready)
+        if not stamps:
+            return body()
+        key = "layer" if ready is None else "layer_rest"
+        return self.stamper(key, ctx, (g, recompute_attention, ready), grads, body)
+
+    def _backward_head(self, ctx: Ctx, g: Idx) -> Idx:
+        """The output gradient's residual and (SP) gather: what a dense layer's backward runs
+        before it needs a saved tensor."""
+        g = self.b.elementwise(ctx, "resid2.bwd", self.local_tokens * self.h, [g], tensors=3)
+        return self._g_bwd(ctx, "rs2.bwd" if self.sp else "ar2.bwd", g)
+
+    def _layer_forward(self, ctx: Ctx, x: Idx, early_stop: bool = False) -> Idx:
         """norm1, [AG], QKV, attention, out-proj, [AR|RS], residual, norm2, [AG], MLP, [AR|RS],
-        residual."""
+        residual (``early_stop``: up to the MLP's activation)."""
         b, n, lt = self.b, self.tokens, self.local_tokens
         x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5)
         _, (x,) = self._ag_gemms(ctx, "ag1", x, [GemmSpec("qkv", self.q + 2 * self.kv, self.h)])
@@ -219,22 +241,28 @@ class TensorParallel(Pass):
         else:
             _, (x,) = self._ag_gemms(ctx, "ag2", x, [GemmSpec("fc1", self.f, self.h)])
             x = b.elementwise(ctx, "act", n * self.f, [x], tensors=2, flops_per_element=8)
+        if early_stop:
+            return x
         x = self._gemms_rs(ctx, "ar2" if not self.sp else "rs2", [x],
                            [GemmSpec("fc2", self.h, self.f)])
         return b.elementwise(ctx, "resid2", lt * self.h, [x], tensors=3)
 
     def _layer_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int], *,
-                        recompute_attention: Idx = None) -> Idx:
+                        recompute_attention: Idx = None, ready: Idx = None) -> Idx:
         """The layer's backward in reverse order; dgrad before wgrad so the input-gradient
         all-reduce overlaps the weight gradient (Megatron). Fills ``grads`` with the op
-        after which each local grad op's gradient is ready."""
+        after which each local grad op's gradient is ready. ``ready``: the recomputation,
+        emitted after ``_backward_head`` (``g`` is then the head's gathered gradient)."""
         b, n, lt = self.b, self.tokens, self.local_tokens
-        g = b.elementwise(ctx, "resid2.bwd", lt * self.h, [g], tensors=3)
-        if self.moe is not None and self.moe.is_moe(ctx.layer):
-            r = self.moe.backward(ctx, g, grads)
-            return self._attention_backward(ctx, r, grads, recompute_attention)
-        g, (d,) = self._ag_gemms(ctx, "rs2.bwd" if self.sp else "ar2.bwd", g,
-                                 [GemmSpec("fc2.dgrad", self.f, self.h)])
+        if ready is not None:
+            d = b.gemm(ctx, "fc2.dgrad", n, self.f, self.h, [g, ready])
+        else:
+            g = b.elementwise(ctx, "resid2.bwd", lt * self.h, [g], tensors=3)
+            if self.moe is not None and self.moe.is_moe(ctx.layer):
+                r = self.moe.backward(ctx, g, grads)
+                return self._attention_backward(ctx, r, grads, recompute_attention)
+            g, (d,) = self._ag_gemms(ctx, "rs2.bwd" if self.sp else "ar2.bwd", g,
+                                     [GemmSpec("fc2.dgrad", self.f, self.h)])
         self._weight(grads, "fc2.wgrad", partial(b.gemm, ctx, "fc2.wgrad", self.f, self.h, n, [g]))
         if self.model.activation == "swiglu":
             a = b.elementwise(ctx, "act.bwd", n * self.f, [d], tensors=5, flops_per_element=8)

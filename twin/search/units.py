@@ -24,6 +24,7 @@ split-backward schedules; I = B - W).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from twin.cost import CostModel
 from twin.schedule.context import apply_cp
@@ -107,14 +108,17 @@ def unit_ops(job: Job) -> dict[str, list[Op]]:
 
     def layer_bwd(tp: TensorParallel, layer: int) -> None:
         rec, bwd = Ctx("recompute", mb=0, layer=layer), Ctx("bwd", mb=0, layer=layer)
-        x, attn = None, None
+        x, attn, redo = None, None, None
         if par.recompute == "full":
-            x = tp.layer_forward(rec, None)
+            redo = partial(tp.layer_forward, rec, None, early_stop=par.recompute_early_stop)
         elif par.recompute == "selective":
             attn = tp.attention_recompute(rec, None)
         elif par.recompute == "op":
-            x = tp.op_recompute(rec, None)
-        tp.layer_backward(bwd, x, {}, recompute_attention=attn)
+            redo = partial(tp.op_recompute, rec, None)
+        lazy = (par.recompute == "op" or par.recompute_early_stop) and tp.async_tp is None
+        if redo is not None and not lazy:  # before the layer's backward (Recompute.before)
+            x, redo = redo(), None
+        tp.layer_backward(bwd, x, {}, recompute_attention=attn, recompute=redo)
 
     classes = layer_classes(job)
     for rep in sorted(set(classes.values())):

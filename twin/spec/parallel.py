@@ -95,6 +95,12 @@ class ParallelPlan:
     """Activation recomputation: none, selective (attention core, Megatron's), op (torchtitan's
     op-level selective AC: every other matmul's output and the attention's are kept, the rest
     of the layer recomputed up to what backward needs), or full (whole layer)."""
+    recompute_early_stop: bool = False
+    """recompute=full as torch.utils.checkpoint's non-reentrant implementation runs it
+    (torchtitan's full AC, FSDP2 recipes): the recomputation stops once backward has every
+    tensor it needs, so the layer's last GEMM (fc2) and its TP all-reduce or reduce-scatter
+    are not re-run; false: the whole layer again (Megatron's). Only recompute=full reads it
+    (op-level SAC stops early by itself); dense layers."""
     pp_stage_layers: list[int] | None = None
     """Layers per pipeline stage (uneven splits, e.g. Llama 3 405B: [7, 8 x 14, 7]); None: even."""
     ddp_bucket_MB: float = 25.0

@@ -18,7 +18,8 @@ what the rank itself sends with ring algorithms: 2(n-1)/n * S for all-reduce,
   shard (Psi / dp_shard) over the dp_replicate group.
 - TP: per layer and micro-batch two all-reduces of b*s*h forward and two backward
   (Narayanan §3.2); with SP the same bytes as all-gathers and reduce-scatters
-  (Korthikanti §4.2.2); full recompute repeats the forward two; op-level SAC re-runs the
+  (Korthikanti §4.2.2); full recompute repeats the forward two (stopping early, the
+  all-gathers and the first all-reduce or reduce-scatter); op-level SAC re-runs the
   two all-gathers (SP: the reduce-scatters' outputs are kept) or the first all-reduce.
   Async TP sends each of a layer's all-gathers and reduce-scatters as tp - 1 ring steps of
   b*s*h/t (the same wire bytes).
@@ -112,14 +113,18 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
     if par.tp > 1:
         tp = GroupTraffic("tp", par.tp)
         layers = len(job.layers_on_stage(stage))
-        per_layer = 4 + (2 if par.recompute == "full" else 0)
-        if par.async_tp:  # each layer's SP pair as tp - 1 ring steps of a chunk (asynctp.py)
-            tp.add("send", layers * m * per_layer * 2 * (par.tp - 1), bsh / par.tp)
+        # per layer: 2 forward and 2 backward; a full recomputation the forward's 2 again,
+        # but its last when it stops early (recompute_early_stop: fc2 is not re-run)
+        full = par.recompute == "full"
+        redo = 0 if not full else 1 if par.recompute_early_stop else 2
+        gathers, reductions = 4 + (2 if full else 0), 4 + redo
+        if par.async_tp:  # each all-gather and reduce-scatter as tp - 1 ring steps (asynctp.py)
+            tp.add("send", layers * m * (gathers + reductions) * (par.tp - 1), bsh / par.tp)
         elif par.sp:  # each all-reduce becomes a reduce-scatter and an all-gather
-            tp.add("all_gather", layers * m * per_layer, bsh)
-            tp.add("reduce_scatter", layers * m * per_layer, bsh)
+            tp.add("all_gather", layers * m * gathers, bsh)
+            tp.add("reduce_scatter", layers * m * reductions, bsh)
         else:
-            tp.add("all_reduce", layers * m * per_layer, bsh)
+            tp.add("all_reduce", layers * m * reductions, bsh)
         if par.recompute == "op":  # op-level SAC re-runs the gathers (SP) or out_proj's reduce
             if par.sp:
                 tp.add("all_gather", layers * m * 2, bsh)

@@ -69,17 +69,19 @@ def lm_head_gemm(model: ModelSpec, tokens: int, tp: int = 1) -> Gemm:
 
 
 def recompute_forward_flops(model: ModelSpec, batch: int, tp: int, recompute: str,
-                            flash_attention: bool) -> int:
+                            flash_attention: bool, early_stop: bool = False) -> int:
     """Extra forward FLOPs per layer redone in backward.
 
-    full: the whole layer forward again; selective: the attention core again
+    full: the whole layer forward again (``early_stop``: without the down projection fc2,
+    where torch.utils.checkpoint's non-reentrant recomputation stops); selective: the attention core again
     (Korthikanti §5); op (torchtitan's op-level SAC): the key, output and (SwiGLU) up
     projections (TensorParallel.op_recompute); flash attention without full or selective
     recomputes the scores in its backward (FlashAttention-2: 5 backward matmuls vs 2
     forward, so +0.5 core).
     """
     if recompute == "full":
-        return layer_forward_flops(model, batch, tp)
+        fc2 = 2 * batch * model.seq_len * model.ffn_hidden_size * model.hidden_size // tp
+        return layer_forward_flops(model, batch, tp) - (fc2 if early_stop else 0)
     if recompute == "selective":
         return attention_core_flops(model, batch, tp)
     extra = 0

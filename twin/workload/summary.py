@@ -31,7 +31,7 @@ def rank_flops_per_step(job: Job, rank: int) -> float:
     stage = job.grid.coord(rank, "pp")
     b = par.micro_batch_size
     per_layer = 3 * layer_forward_flops(model, b, par.tp) + recompute_forward_flops(
-        model, b, par.tp, par.recompute, par.flash_attention)
+        model, b, par.tp, par.recompute, par.flash_attention, par.recompute_early_stop)
     flops = len(job.layers_on_stage(stage)) * per_layer
     if stage == job.head_stage:
         flops += 3 * lm_head_gemm(model, b * model.seq_len, par.tp).flops
