@@ -133,6 +133,9 @@ FEATURES = {
     "op_sac_tp2": (MODEL, ParallelPlan(tp=2, recompute="op", global_batch_size=32)),
     "op_sac_tp2_sp_fsdp": (MODEL, ParallelPlan(tp=2, sp=True, zero_stage=3, recompute="op",
                                                global_batch_size=32)),
+    "full_early_stop_tp2_sp": (MODEL, ParallelPlan(tp=2, sp=True, recompute="full",
+                                                   recompute_early_stop=True,
+                                                   global_batch_size=32)),
     "zb_h1": (MODEL, ParallelPlan(pp=4, pp_schedule="zb_h1", global_batch_size=64)),
     "zb_v": (MODEL, ParallelPlan(pp=4, pp_schedule="zb_v", pp_virtual_stages=2,
                                  global_batch_size=64)),
@@ -144,7 +147,8 @@ FEATURES = {
 @pytest.mark.filterwarnings("ignore")
 def test_estimate_prices_experts_context_hsdp_and_split_backward_as_the_twin():
     """On 16 H100s, a plan with each feature the search now ranks (EP all-to-alls and
-    expert-DP, CP ring and all-gather, HSDP, op-level SAC under TP, ZB-H1 / ZB-V /
+    expert-DP, CP ring and all-gather, HSDP, op-level SAC and early-stopping full AC under
+    TP, ZB-H1 / ZB-V /
     DualPipeV): the estimate is
     within 10% of the full twin at the median and 15% on each."""
     cost = default_cost_model(H100x2)
