@@ -33,7 +33,8 @@ def _by(prog):
     return dict(out)
 
 
-@pytest.mark.parametrize("plan", [dict(), dict(recompute="full"), dict(tp=2, pp=2, global_batch_size=8)])
+@pytest.mark.parametrize("plan", [dict(), dict(recompute="full"), dict(tp=2, pp=2, global_batch_size=8),
+                                  dict(recompute="full", recompute_early_stop=True)])
 def test_async_tp_traffic_is_the_closed_form_and_the_wire_bytes_of_sp(plan):
     job, sync = _job(**plan), _job(**{**plan, "async_tp": False})
     for stage in range(job.parallel.pp):
