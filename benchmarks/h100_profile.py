@@ -41,6 +41,11 @@ FA3 = ("Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, Fig. 5 (forward, c
        "[SECONDARY])")
 FIGURES = {
     "gemm_mamf_tflops": (794.5, MAMF),
+    # torch.compile's LayerNorm/RMSNorm kernels against Quack's (SOTA CuteDSL) on H100, before
+    # Inductor's reduction tuning: the torch of torchtitan's Dec 2024 runs
+    "compiled_norm_vs_sota": (0.5, "PyTorch blog 'SOTA Normalization Performance with "
+                                   "torch.compile' (Zhang et al.): 'torch.compile ~50% of Quack "
+                                   "performance typically' before its fixes"),
     # FlashAttention-2 (PyTorch SDPA's flash backend) on H100 SXM5, TFLOP/s by sequence length
     "fa2_fwd_causal_tflops": ({512: 191, 1024: 260, 2048: 298, 4096: 319, 8192: 333,
                                16384: 335}, FA3),
@@ -262,6 +267,7 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
         p2p_host_sync=False, p2p_latency_us=None, overlap_slowdown=0.0, core_share=True,
         cores_effective=None, kernels_by_dtype={}, collective_fits=fits, compute_cv=0.0,
         comm_cv=0.0, eager_elementwise=ew_infl,
+        compiled_reduction_efficiency=FIGURES["compiled_norm_vs_sota"][0],
         provenance={"source": "published H100/H200 measurements, derived by "
                               "benchmarks/h100_profile.py (no measured step times)",
                     "cluster": f"dgx_{gpu}", "gpus": [gname], "backend": "nccl",
@@ -279,6 +285,10 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
         "eager_elementwise": f"eager-vs-fused byte ratio {ew_infl:.3f} (the EAGER table), folded "
                              "into elementwise.mem_efficiency and host_us; parallel.compile=true "
                              "takes it back out",
+        "compiled_reduction_efficiency": f"{FIGURES['compiled_norm_vs_sota'][0]:g} of the fused "
+                                         f"bandwidth for compiled norms and the loss "
+                                         f"[{FIGURES['compiled_norm_vs_sota'][1]}]",
+        "reduction_efficiency": "1: set by parallel.compile=true (compiled_reduction_efficiency)",
     })
     return cost, notes
 
@@ -303,7 +313,10 @@ def to_yaml(cost: CostModel, notes: dict) -> str:
     for key, val in d.items():
         if key == "provenance":
             continue
-        if isinstance(val, dict) and key != "kernels_by_dtype":
+        if isinstance(val, dict) and not val and key != "kernels_by_dtype":
+            note = notes.get(key, "")
+            out.append(f"{key}: {{}}" + (f"  # {note}" if note else ""))
+        elif isinstance(val, dict) and key != "kernels_by_dtype":
             out.append(f"{key}:")
             for k2, v2 in val.items():
                 if isinstance(v2, dict):

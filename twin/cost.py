@@ -109,6 +109,15 @@ class CostModel:
     """How many times the twin's fused bytes eager PyTorch moves for an elementwise op (its
     extra kernels), as folded into ``elementwise.mem_efficiency`` and ``host_us`` here (1:
     nothing folded, e.g. profiles fitted on fused kernels). ``compiled`` takes it back out."""
+    compiled_reduction_efficiency: float = 1.0
+    """Under torch.compile, the fraction of the fused elementwise bandwidth its reduction
+    kernels (``Op.reduction``: the norms and the loss) reach: 1 as a hand-tuned kernel;
+    about 0.5 for Inductor before its 2025 reduction tuning ("torch.compile ~50% of Quack
+    performance typically" for LayerNorm/RMSNorm on H100, PyTorch blog "SOTA Normalization
+    Performance with torch.compile"). ``compiled`` applies it."""
+    reduction_efficiency: float = 1.0
+    """The factor on a reduction's memory efficiency this model applies (``kernel_of``): 1,
+    except in a ``compiled`` model, which carries ``compiled_reduction_efficiency`` here."""
     shape_factors: dict = field(default_factory=dict)
     """``shape_key(op)`` -> measured over modelled time of that kernel shape (GEMM and
     attention): cuBLAS picks a kernel per shape, and its tiles, waves and split-K make time a
@@ -124,16 +133,17 @@ class CostModel:
     def compiled(self) -> CostModel:
         """This model under torch.compile (parallel.compile): each elementwise op one fused
         kernel, its memory efficiency and host time without the eager factor
-        (``eager_elementwise``); the same model when nothing is folded in."""
-        f = self.eager_elementwise
-        if f == 1.0:
+        (``eager_elementwise``), reductions at ``compiled_reduction_efficiency`` of it; the
+        same model when nothing changes."""
+        f, r = self.eager_elementwise, self.compiled_reduction_efficiency
+        if f == 1.0 and r == self.reduction_efficiency:
             return self
         by = {d: {kind: unfolded(k, f) if kind == "elementwise" else k
                   for kind, k in kinds.items()}
               for d, kinds in self.kernels_by_dtype.items()}
         return dataclasses.replace(self, elementwise=unfolded(self.elementwise, f),
                                    kernels_by_dtype=by, eager_elementwise=1.0,
-                                   name=f"{self.name}+compile")
+                                   reduction_efficiency=r, name=f"{self.name}+compile")
 
     def kernel(self, kind: str, dtype: str = "") -> KernelCost:
         by = self.kernels_by_dtype.get(dtype)
@@ -159,10 +169,13 @@ class CostModel:
     def kernel_of(self, op: Op) -> KernelCost:
         """A compute op's kernel cost: its kind's (for its dtype); an elementwise op that is one
         kernel in eager PyTorch too (``Op.one_kernel``: FSDP2's copies) without the
-        eager factor folded into the kind (``eager_elementwise``)."""
+        eager factor folded into the kind (``eager_elementwise``); a reduction
+        (``Op.reduction``) at ``reduction_efficiency`` of the kind's memory efficiency."""
         k = self.kernel(op.kind, op.dtype)
         if self.eager_elementwise != 1.0 and op.one_kernel:
             return unfolded(k, self.eager_elementwise)
+        if self.reduction_efficiency != 1.0 and op.reduction:
+            return dataclasses.replace(k, mem_efficiency=k.mem_efficiency * self.reduction_efficiency)
         return k
 
     def compute_time(self, op: Op, gpu: GPUSpec) -> float:

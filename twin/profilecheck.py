@@ -29,6 +29,8 @@ SCALAR_RANGES = {"base_latency_us": (_NON_NEGATIVE, "fixed cost of a collective,
                  "cores_effective": (_POSITIVE, "cores the ranks share"),
                  "compute_cv": (_NON_NEGATIVE, "spread of compute times"),
                  "eager_elementwise": (_POSITIVE, "eager bytes over fused, folded in"),
+                 "compiled_reduction_efficiency": (_POSITIVE, "compiled norms' share of fused"),
+                 "reduction_efficiency": (_POSITIVE, "reductions' share of the kind's"),
                  "comm_cv": (_NON_NEGATIVE, "spread of collective times")}
 FIT_RANGES = {"latency_us": (_NON_NEGATIVE, "us"), "bw_GBps": (_POSITIVE, "GB/s")}
 FIT_EXTRA = ("residual_median", "residual_max", "points")

@@ -125,6 +125,28 @@ def test_compile_takes_the_eager_factor_out_of_elementwise_ops():
     assert fused.compute_time(cast, H100) < eager.compute_time(cast, H100)
 
 
+def test_compile_prices_its_reductions_at_the_profiles_share_of_the_fused_bandwidth():
+    """Under parallel.compile the norms and the loss (Op.reduction) reach
+    compiled_reduction_efficiency of the fused elementwise bandwidth (the H100 profile: 0.5,
+    torch.compile's norms at ~50% of Quack's); other elementwise ops the whole of it; eager
+    PyTorch prices both alike (its eager factor)."""
+    from paratwin.config import CONF_DIR
+
+    eager = CostModel.load(CONF_DIR / "profiles" / "dgx_h100.yaml")
+    fused = eager.compiled()
+    r = eager.compiled_reduction_efficiency
+    assert r == 0.5 and eager.reduction_efficiency == 1.0 and fused.reduction_efficiency == r
+    ops = build_schedule(_job("none", compile=True)).program(0).ops
+    reductions = {op.name.rsplit("/", 1)[1] for op in ops if op.reduction}
+    assert reductions == {"norm1", "norm2", "norm1.bwd", "norm2.bwd", "final_norm",
+                          "final_norm.bwd", "loss", "loss.bwd"}
+    norm = next(op for op in ops if op.name.endswith("/norm1"))
+    act = next(op for op in ops if op.name.endswith("/act"))
+    assert fused.kernel_of(norm).mem_efficiency == pytest.approx(
+        fused.kernel_of(act).mem_efficiency * r)
+    assert eager.kernel_of(norm) == eager.kernel_of(act)
+
+
 def test_fsdp_gathers_fp8_weights_at_one_byte():
     """float8_fsdp_all_gather: each layer unit's gather moves its FP8 linears' weights at one
     byte per element (the rest, norms and biases, at e), closed form = schedule."""

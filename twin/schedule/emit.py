@@ -170,13 +170,16 @@ class ProgramBuilder:
 
     def elementwise(self, ctx: Ctx, local: str, elements: int, deps: Iterable[Idx],
                     tensors: float = 2.0, flops_per_element: float = 1.0,
-                    one_kernel: bool = False) -> int:
+                    one_kernel: bool = False, reduction: bool = False) -> int:
         """A memory-bound op touching ``tensors`` tensors of ``elements`` each. The layers'
         ops stand for fused kernels that eager PyTorch runs as several (the profile's
         ``eager_elementwise``); ``one_kernel``: one kernel in eager PyTorch too, e.g. FSDP2's
-        copies (``shape`` (elements, 1): no eager factor, CostModel.kernel_of)."""
-        return self.emit(ctx, local, "elementwise", "compute", deps,
-                         shape=(elements, 1) if one_kernel else (elements,),
+        copies (``shape`` (elements, 1): no eager factor, CostModel.kernel_of);
+        ``reduction``: it reduces along rows, a norm or the loss (``shape`` (elements, 0, 1):
+        CostModel.compiled_reduction_efficiency)."""
+        shape = (elements, int(one_kernel), 1) if reduction else \
+            (elements, 1) if one_kernel else (elements,)
+        return self.emit(ctx, local, "elementwise", "compute", deps, shape=shape,
                          dtype=self.dtype, flops=float(elements * flops_per_element),
                          bytes=float(self.e * elements * tensors))
 

@@ -44,7 +44,8 @@ class Op:
 
     ``shape`` by kind: gemm (m, n, k); attention (batch, heads, kv_heads, seq, head_dim,
     causal); elementwise (elements,), or (elements, 1) for one kernel in eager PyTorch too
-    (``one_kernel``); optimizer (params, fused). ``bytes``: memory traffic of a
+    (``one_kernel``), or (elements, 0, 1) for a reduction along rows (``reduction``: norms,
+    the loss); optimizer (params, fused). ``bytes``: memory traffic of a
     compute op, the nccl-tests size of a collective (all-reduce and broadcast the buffer,
     all-gather the gathered output, reduce-scatter the full input, all-to-all the send
     buffer), the message of a send/recv, the buffer of an alloc/free.
@@ -85,6 +86,13 @@ class Op:
         """An elementwise op that eager PyTorch runs as one kernel, as modelled (FSDP2's
         copies): a profile's eager factor (CostModel.eager_elementwise) does not apply."""
         return self.kind == "elementwise" and len(self.shape) > 1 and bool(self.shape[1])
+
+    @property
+    def reduction(self) -> bool:
+        """An elementwise op that reduces along its rows (a norm, the loss: ``shape``
+        (elements, 0, 1)), priced as a reduction under torch.compile
+        (CostModel.compiled_reduction_efficiency)."""
+        return self.kind == "elementwise" and len(self.shape) > 2 and bool(self.shape[2])
 
     @property
     def is_collective(self) -> bool:

@@ -58,9 +58,9 @@ def legacy_dp_program(job: Job, rank: int) -> Program:
                          root=root)
         if is_root:
             x = b.elementwise(ctx, "loss", logits * len(group) // 4, [x], tensors=2,
-                              flops_per_element=5)
+                              flops_per_element=5, reduction=True)
             x = b.elementwise(ctx.at(phase="bwd"), "loss.bwd", logits * len(group) // 4, [x],
-                              tensors=2, flops_per_element=4)
+                              tensors=2, flops_per_element=4, reduction=True)
         bctx = Ctx("bwd", mb=mb, chunk=0, paradigm="legacy_dp")
         g = b.collective(bctx, "logits.grad.scatter", "scatter", group, "dp",
                          logits * len(group), [x], root=root)

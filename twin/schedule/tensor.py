@@ -220,7 +220,7 @@ class TensorParallel(Pass):
         """norm1, [AG], QKV, attention, out-proj, [AR|RS], residual, norm2, [AG], MLP, [AR|RS],
         residual (``early_stop``: up to the MLP's activation)."""
         b, n, lt = self.b, self.tokens, self.local_tokens
-        x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5)
+        x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5, reduction=True)
         _, (x,) = self._ag_gemms(ctx, "ag1", x, [GemmSpec("qkv", self.q + 2 * self.kv, self.h)])
         if self.rope:  # rotate the queries and keys (read and write them once, fused)
             x = b.elementwise(ctx, "rope", n * (self.q + self.kv), [x], tensors=2,
@@ -230,7 +230,7 @@ class TensorParallel(Pass):
         x = self._gemms_rs(ctx, "ar1" if not self.sp else "rs1", [x],
                            [GemmSpec("out_proj", self.h, self.q)])
         x = b.elementwise(ctx, "resid1", lt * self.h, [x], tensors=3)
-        x = b.elementwise(ctx, "norm2", lt * self.h, [x], tensors=2, flops_per_element=5)
+        x = b.elementwise(ctx, "norm2", lt * self.h, [x], tensors=2, flops_per_element=5, reduction=True)
         if self.moe is not None and self.moe.is_moe(ctx.layer):
             x = self.moe.forward(ctx, x)
             return b.elementwise(ctx, "resid2", lt * self.h, [x], tensors=3)
@@ -283,7 +283,7 @@ class TensorParallel(Pass):
                             recompute_attention: Idx) -> Idx:
         """From the gradient ``r`` of norm2's output to the layer input's gradient."""
         b, n, lt = self.b, self.tokens, self.local_tokens
-        g = b.elementwise(ctx, "norm2.bwd", lt * self.h, [r], tensors=3, flops_per_element=8)
+        g = b.elementwise(ctx, "norm2.bwd", lt * self.h, [r], tensors=3, flops_per_element=8, reduction=True)
         grads["norm2.bwd"] = g
         g = b.elementwise(ctx, "resid1.bwd", lt * self.h, [g], tensors=3)
         g, (d,) = self._ag_gemms(ctx, "rs1.bwd" if self.sp else "ar1.bwd", g,
@@ -301,7 +301,7 @@ class TensorParallel(Pass):
                            backward=True)
         self._weight(grads, "qkv.wgrad",
                      partial(b.gemm, ctx, "qkv.wgrad", self.h, self.q + 2 * self.kv, n, [a]))
-        g = b.elementwise(ctx, "norm1.bwd", lt * self.h, [r], tensors=3, flops_per_element=8)
+        g = b.elementwise(ctx, "norm1.bwd", lt * self.h, [r], tensors=3, flops_per_element=8, reduction=True)
         grads["norm1.bwd"] = g
         return g
 
@@ -322,7 +322,7 @@ class TensorParallel(Pass):
         (the reduce-scatter's output was kept), the residual, norm2, under SP its all-gather,
         then the up projection and SwiGLU (GeLU from the kept fc1: no matmul)."""
         b, n, lt = self.b, self.tokens, self.local_tokens
-        x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5)
+        x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5, reduction=True)
         x = self._f(ctx, "ag1", x)
         k = b.gemm(ctx, "k_proj", n, self.kv, self.h, [x])
         if self.rope:
@@ -332,7 +332,7 @@ class TensorParallel(Pass):
         if not self.sp:
             o = self._g(ctx, "ar1", o)
         x = b.elementwise(ctx, "resid1", lt * self.h, [o], tensors=3)
-        x = b.elementwise(ctx, "norm2", lt * self.h, [x], tensors=2, flops_per_element=5)
+        x = b.elementwise(ctx, "norm2", lt * self.h, [x], tensors=2, flops_per_element=5, reduction=True)
         x = self._f(ctx, "ag2", x)
         if self.model.activation == "swiglu":
             u = b.gemm(ctx, "fc_up", n, self.f, self.h, [x])
@@ -356,12 +356,12 @@ class TensorParallel(Pass):
         """Final norm, [AG], vocab-parallel LM head, cross-entropy (3 small all-reduces)."""
         b, n = self.b, self.tokens
         x = b.elementwise(ctx, "final_norm", self.local_tokens * self.h, [x], tensors=2,
-                          flops_per_element=5)
+                          flops_per_element=5, reduction=True)
         x = self._f(ctx, "head.ag", x)
         x = b.gemm(ctx, "lm_head", n, self.vocab, self.h, [x])
         if not with_loss:
             return x
-        x = b.elementwise(ctx, "loss", n * self.vocab, [x], tensors=2, flops_per_element=5)
+        x = b.elementwise(ctx, "loss", n * self.vocab, [x], tensors=2, flops_per_element=5, reduction=True)
         for stat in ("max", "sumexp", "target"):
             y = b.collective(ctx.at(paradigm=self.paradigm), f"ce.{stat}", "all_reduce",
                              self.group, "tp", 4 * n, [x], stream="comm.tp")
@@ -373,13 +373,13 @@ class TensorParallel(Pass):
         b, n = self.b, self.tokens
         if with_loss:
             g = b.elementwise(ctx, "loss.bwd", n * self.vocab, [g], tensors=2,
-                              flops_per_element=4)
+                              flops_per_element=4, reduction=True)
         d = b.gemm(ctx, "lm_head.dgrad", n, self.h, self.vocab, [g])
         # tied on one stage, this gradient accumulates into the embedding's (ready at embed.bwd)
         self._weight(grads, "lm_head.wgrad",
                      partial(b.gemm, ctx, "lm_head.wgrad", self.h, self.vocab, n, [g]))
         r = self._f_bwd(ctx, "head.rs.bwd" if self.sp else "head.ar.bwd", d)
         g = b.elementwise(ctx, "final_norm.bwd", self.local_tokens * self.h, [r], tensors=3,
-                          flops_per_element=8)
+                          flops_per_element=8, reduction=True)
         grads["final_norm.bwd"] = g
         return g
