@@ -24,13 +24,14 @@ split-backward schedules; I = B - W).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 from twin.cost import CostModel
 from twin.schedule.context import apply_cp
 from twin.schedule.emit import Ctx, ProgramBuilder
 from twin.schedule.ir import Op
 from twin.schedule.moe import apply_moe
+from twin.schedule.passes import LAYER, Unit
+from twin.schedule.recompute import Recompute
 from twin.schedule.tensor import TensorParallel
 from twin.search.comm import CommModel
 from twin.spec import Job
@@ -107,18 +108,9 @@ def unit_ops(job: Job) -> dict[str, list[Op]]:
         out[name] = b.ops
 
     def layer_bwd(tp: TensorParallel, layer: int) -> None:
-        rec, bwd = Ctx("recompute", mb=0, layer=layer), Ctx("bwd", mb=0, layer=layer)
-        x, attn, redo = None, None, None
-        if par.recompute == "full":
-            redo = partial(tp.layer_forward, rec, None, early_stop=par.recompute_early_stop)
-        elif par.recompute == "selective":
-            attn = tp.attention_recompute(rec, None)
-        elif par.recompute == "op":
-            redo = partial(tp.op_recompute, rec, None)
-        lazy = (par.recompute == "op" or par.recompute_early_stop) and tp.async_tp is None
-        if redo is not None and not lazy:  # before the layer's backward (Recompute.before)
-            x, redo = redo(), None
-        tp.layer_backward(bwd, x, {}, recompute_attention=attn, recompute=redo)
+        unit = Unit(LAYER, layer, Ctx("bwd", mb=0, layer=layer))
+        Recompute(tp.b, model, par, tp).before(unit)  # the step's recomputation, as it places it
+        tp.run(unit)
 
     classes = layer_classes(job)
     for rep in sorted(set(classes.values())):
