@@ -129,12 +129,18 @@ class CostModel:
     """Run-to-run spread of collectives."""
     provenance: dict = field(default_factory=dict)
     """Where the numbers come from (host, hardware, torch, backend, date, residuals)."""
+    eager_model: CostModel | None = field(default=None, compare=False, repr=False)
+    """In a ``compiled`` model, the eager one it came from: the ops torch.compile leaves
+    outside its compiled blocks (Op.outside_blocks) are priced by it. Never written to a
+    profile."""
 
     def compiled(self) -> CostModel:
         """This model under torch.compile (parallel.compile): each elementwise op one fused
         kernel, its memory efficiency and host time without the eager factor
         (``eager_elementwise``), reductions at ``compiled_reduction_efficiency`` of it; the
-        same model when nothing changes."""
+        ops outside the compiled blocks (``Op.outside_blocks``: torchtitan compiles each
+        transformer block, not the embedding, final norm, loss or gradient clipping) as this
+        model prices them; the same model when nothing changes."""
         f, r = self.eager_elementwise, self.compiled_reduction_efficiency
         if f == 1.0 and r == self.reduction_efficiency:
             return self
@@ -143,7 +149,8 @@ class CostModel:
               for d, kinds in self.kernels_by_dtype.items()}
         return dataclasses.replace(self, elementwise=unfolded(self.elementwise, f),
                                    kernels_by_dtype=by, eager_elementwise=1.0,
-                                   reduction_efficiency=r, name=f"{self.name}+compile")
+                                   reduction_efficiency=r, name=f"{self.name}+compile",
+                                   eager_model=self)
 
     def kernel(self, kind: str, dtype: str = "") -> KernelCost:
         by = self.kernels_by_dtype.get(dtype)
@@ -170,7 +177,10 @@ class CostModel:
         """A compute op's kernel cost: its kind's (for its dtype); an elementwise op that is one
         kernel in eager PyTorch too (``Op.one_kernel``: FSDP2's copies) without the
         eager factor folded into the kind (``eager_elementwise``); a reduction
-        (``Op.reduction``) at ``reduction_efficiency`` of the kind's memory efficiency."""
+        (``Op.reduction``) at ``reduction_efficiency`` of the kind's memory efficiency; in a
+        ``compiled`` model an op outside the compiled blocks as the eager model has it."""
+        if self.eager_model is not None and op.outside_blocks:
+            return self.eager_model.kernel_of(op)
         k = self.kernel(op.kind, op.dtype)
         if self.eager_elementwise != 1.0 and op.one_kernel:
             return unfolded(k, self.eager_elementwise)
@@ -223,7 +233,8 @@ class CostModel:
 
     # -- files ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
+        d = dataclasses.asdict(dataclasses.replace(self, eager_model=None))
+        del d["eager_model"]
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **d}
 
     def save(self, path: str | Path) -> Path:
@@ -309,6 +320,14 @@ def call_role(op: Op) -> str:
     return op.group_name.partition("-")[0] or "pp"
 
 
+def host_key(op: Op) -> tuple:
+    """What ``CostModel.host_time`` of an op depends on (memo keys): its kind, dtype and
+    group, and an elementwise op's pricing flags (``shape[1:]``: one kernel, a reduction,
+    outside the compiled blocks)."""
+    return (op.kind, op.dtype, op.group_name, len(op.group),
+            op.shape[1:] if op.kind == "elementwise" else ())
+
+
 def shape_key(op: Op) -> str:
     """The key of a kernel shape in ``CostModel.shape_factors``: kind, dtype and shape, e.g.
     ``gemm:fp16:2048x1536x1024`` (gemm m x n x k; attention batch x heads x kv_heads x seq x
@@ -325,7 +344,8 @@ def timed_flops(op: Op) -> float:
 # -- checking a profile's data: every key known, every number in range ----------------------
 def profile_problems(data: dict) -> list[str]:
     """Every problem of a profile's data, each naming its key path (empty: fine)."""
-    return _profile_problems(data, [f.name for f in dataclasses.fields(CostModel)])
+    return _profile_problems(data, [f.name for f in dataclasses.fields(CostModel)
+                                    if f.name != "eager_model"])
 
 
 def default_cost_model(cluster: ClusterSpec) -> CostModel:

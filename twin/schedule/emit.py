@@ -176,9 +176,15 @@ class ProgramBuilder:
         ``eager_elementwise``); ``one_kernel``: one kernel in eager PyTorch too, e.g. FSDP2's
         copies (``shape`` (elements, 1): no eager factor, CostModel.kernel_of);
         ``reduction``: it reduces along rows, a norm or the loss (``shape`` (elements, 0, 1):
-        CostModel.compiled_reduction_efficiency)."""
-        shape = (elements, int(one_kernel), 1) if reduction else \
-            (elements, 1) if one_kernel else (elements,)
+        CostModel.compiled_reduction_efficiency). An op outside the layers (``ctx.layer`` < 0:
+        the embedding, final norm, loss, gradient clipping) that is not one kernel anyway
+        stays eager under torch.compile of each block (``shape`` (elements, 0, reduction,
+        1): Op.outside_blocks)."""
+        if ctx.layer < 0 and not one_kernel:
+            shape = (elements, 0, int(reduction), 1)
+        else:
+            shape = (elements, int(one_kernel), 1) if reduction else \
+                (elements, 1) if one_kernel else (elements,)
         return self.emit(ctx, local, "elementwise", "compute", deps, shape=shape,
                          dtype=self.dtype, flops=float(elements * flops_per_element),
                          bytes=float(self.e * elements * tensors))

@@ -45,7 +45,8 @@ class Op:
     ``shape`` by kind: gemm (m, n, k); attention (batch, heads, kv_heads, seq, head_dim,
     causal); elementwise (elements,), or (elements, 1) for one kernel in eager PyTorch too
     (``one_kernel``), or (elements, 0, 1) for a reduction along rows (``reduction``: norms,
-    the loss); optimizer (params, fused). ``bytes``: memory traffic of a
+    the loss), a fourth entry 1 outside the transformer blocks (``outside_blocks``);
+    optimizer (params, fused). ``bytes``: memory traffic of a
     compute op, the nccl-tests size of a collective (all-reduce and broadcast the buffer,
     all-gather the gathered output, reduce-scatter the full input, all-to-all the send
     buffer), the message of a send/recv, the buffer of an alloc/free.
@@ -93,6 +94,13 @@ class Op:
         (elements, 0, 1)), priced as a reduction under torch.compile
         (CostModel.compiled_reduction_efficiency)."""
         return self.kind == "elementwise" and len(self.shape) > 2 and bool(self.shape[2])
+
+    @property
+    def outside_blocks(self) -> bool:
+        """An elementwise op outside the transformer blocks (the embedding, final norm and
+        loss, the step end's gradient clipping: ``shape`` (elements, 0, reduction, 1)), which
+        torch.compile of each block (torchtitan's apply_compile) leaves eager."""
+        return self.kind == "elementwise" and len(self.shape) > 3 and bool(self.shape[3])
 
     @property
     def is_collective(self) -> bool:

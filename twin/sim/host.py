@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from twin.cost import CostModel
+from twin.cost import CostModel, host_key
 from twin.schedule.ir import Op
 from twin.vocab import P2P_KINDS
 
@@ -44,7 +44,7 @@ def host_plan(ops: list[Op], cost: CostModel) -> HostPlan | None:
     memo: dict[tuple, float] = {}
     host = []
     for op in ops:  # the same kinds and groups recur at every layer and micro-batch
-        key = (op.kind, op.dtype, op.group_name, len(op.group))  # what an op's host time can depend on
+        key = host_key(op)
         h = memo.get(key)
         if h is None:
             h = memo[key] = cost.host_time(op)
