@@ -11,7 +11,7 @@ from scipy.stats import spearmanr
 from paratwin.config import preset_cluster
 from tests.conftest import gpt
 from twin.calibrate.predict import collective_time
-from twin.cost import default_cost_model
+from twin.cost import CostModel, default_cost_model
 from twin.schedule.pipeline import ideal_makespan
 from twin.schedule.step import build_program
 from twin.schedule.tables import stage_table
@@ -50,9 +50,16 @@ def test_units_are_the_schedules_compute(plan):
     """Every compute op of a rank's program is one of the units the estimate times (m times
     over the stage's layers by class, its embedding or head) or the step end's: MoE layers
     with their experts, CP's attention on s/cp tokens included) or FSDP2's copies."""
+    from paratwin.config import CONF_DIR
+
     model = MOE if plan.ep > 1 else LONG if plan.cp > 1 else MODEL
     job = build_job(model, H100, plan)
-    cost = default_cost_model(H100)
+    profile = CostModel.load(CONF_DIR / "profiles" / "dgx_h100.yaml")  # an eager factor folded in
+    for cost in (default_cost_model(H100), profile, profile.compiled()):
+        _units_are_the_compute(job, model, cost)
+
+
+def _units_are_the_compute(job, model, cost):
     est = Estimator(cost)
     u, shape, gpu = est.units(job), est.shape(job), H100.gpu
     par = job.parallel
