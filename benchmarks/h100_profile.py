@@ -14,6 +14,7 @@ calibration=auto) and published torchtitan H100 runs, measured vs predicted. Abo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from twin.calibrate.fit import KernelPoint, fit_kernel, fit_latency_bandwidth  #
 from twin.cost import CostModel, KernelCost, LinkCost  # noqa: E402
 
 PEAK_BF16 = 989.0  # TFLOP/s dense, H100/H200 SXM (published.md §6; torchtitan get_peak_flops)
+PEAK_FP8 = 1979.0  # TFLOP/s dense FP8, H100/H200 SXM (the MAMF table's 'Theory')
 HBM_GBPS = {"h100": 3350.0, "h200": 4800.0}  # datasheet (published.md §6)
 NVLINK_GBPS, NDR_GBPS = 450.0, 50.0  # per direction: NVLink 4 line rate; NDR 400 Gb/s
 N_NODE = 8
@@ -35,12 +37,22 @@ AZURE_H200 = ("samuel-bohman/AI-benchmarking-guide, Azure_Results/ND_H200_v5_res
               "(8x H200 141GB, Xeon 8480C, CUDA 12.6, NCCL 2.20.5)")
 MAMF = ("stas00/ml-engineering compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS "
         "comparison table' (BF16, H100 SXM, torch 2.7.0+cu126; 'H200 is the same')")
+MSMF = ("stas00/ml-engineering compute/accelerator/benchmarks/README.md, 'What we measured: "
+        "alone vs all-8 concurrent' (H200 bf16, torch 2.14.0.dev20260810+cu130, mamf-finder "
+        "--search auto on all 8 GPUs x 5 rounds, n=40): MSMF (sustained, power-saturated) mean "
+        "698.6 TFLOP/s at 1405-1527 MHz against MAMF (boost burst) mean 823.9")
+MAMF_FP8 = ("stas00/ml-engineering compute/accelerator/README.md, 'Maximum Achievable Matmul "
+            "FLOPS comparison table' (FP8 float8_e4m3fn, H100 SXM, torch 2.7.0+cu126)")
 FA3 = ("Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, Fig. 5 (forward, causal, head dim "
        "128) and Fig. 6 (backward, head dim 128), FlashAttention-2 bars on H100 80GB SXM5; "
        "16k tokens per batch, hidden 2048 (values as transcribed by subtext.edge.nugit.net "
        "[SECONDARY])")
 FIGURES = {
     "gemm_mamf_tflops": (794.5, MAMF),
+    # a GEMM sustained at the 700 W power limit runs at the saturated clock, not the boost
+    # clock MAMF measures: MSMF over MAMF of the same protocol (H200: the same compute, TDP)
+    "gemm_msmf_over_mamf": ((698.6, 823.9), MSMF),
+    "gemm_fp8_mamf_tflops": (1402.6, MAMF_FP8),
     # torch.compile's LayerNorm/RMSNorm kernels against Quack's (SOTA CuteDSL) on H100, before
     # Inductor's reduction tuning: the torch of torchtitan's Dec 2024 runs
     "compiled_norm_vs_sota": (0.5, "PyTorch blog 'SOTA Normalization Performance with "
@@ -163,12 +175,23 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
     notes["hbm"] = f"STREAM Copy {FIGURES[f'hbm_copy_{gpu}_TBps'][0]} TB/s / {HBM_GBPS[gpu]:g} GB/s"
     ew_infl, opt_infl = eager_inflation(job)
 
-    g_eff = FIGURES["gemm_mamf_tflops"][0] / PEAK_BF16
+    msmf, mamf = FIGURES["gemm_msmf_over_mamf"][0]
+    sustained = msmf / mamf
+    g_eff = FIGURES["gemm_mamf_tflops"][0] / PEAK_BF16 * sustained
     gemm = KernelCost(efficiency=g_eff, half_flops=0.0, mem_efficiency=copy, launch_us=3.0,
                       host_us=12.0, tile=128, tile_exponent=1.0)
+    fp8 = dataclasses.replace(
+        gemm, efficiency=FIGURES["gemm_fp8_mamf_tflops"][0] / PEAK_FP8 * sustained)
     notes.update({
         "gemm.efficiency": f"MAMF {FIGURES['gemm_mamf_tflops'][0]} / {PEAK_BF16:g} TFLOP/s "
-                           f"[{MAMF}]",
+                           f"[{MAMF}] x sustained/burst {msmf}/{mamf} = {sustained:.4f} "
+                           f"[{MSMF}]",
+        "kernels_by_dtype.fp8.gemm.efficiency": (
+            f"FP8 MAMF {FIGURES['gemm_fp8_mamf_tflops'][0]} / {PEAK_FP8:g} TFLOP/s "
+            f"[{MAMF_FP8}] x the bf16 sustained/burst {sustained:.4f} (ASSUMPTION: no FP8 MSMF "
+            "published)"),
+        **{f"kernels_by_dtype.fp8.gemm.{f}": f"as gemm.{f}" for f in
+           ("half_flops", "mem_efficiency", "launch_us", "host_us", "tile", "tile_exponent")},
         "gemm.half_flops": "0: size dependence comes from tile and wave quantization below",
         "gemm.mem_efficiency": f"HBM Copy fraction: {notes['hbm']}",
         "gemm.launch_us": "ASSUMPTION: no published H100 small-GEMM timing found; 3 us "
@@ -265,7 +288,8 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
         optimizer=optimizer, intra=intra, inter=inter,
         base_latency_us=base, host_comm_us=20.0, host_comm_per_rank_us=1.0,
         p2p_host_sync=False, p2p_latency_us=None, overlap_slowdown=0.0, core_share=True,
-        cores_effective=None, kernels_by_dtype={}, collective_fits=fits, compute_cv=0.0,
+        cores_effective=None, kernels_by_dtype={"fp8": {"gemm": fp8}}, collective_fits=fits,
+        compute_cv=0.0,
         comm_cv=0.0, eager_elementwise=ew_infl,
         compiled_reduction_efficiency=FIGURES["compiled_norm_vs_sota"][0],
         provenance={"source": "published H100/H200 measurements, derived by "
@@ -327,7 +351,14 @@ def to_yaml(cost: CostModel, notes: dict) -> str:
                     note = notes.get(f"{key}.{k2}", "")
                     out.append(f"  {k2}: {_fmt(v2)}" + (f"  # {note}" if note else ""))
         elif key == "kernels_by_dtype":
-            out.append("kernels_by_dtype: {}  # bf16 only: the kinds above")
+            out.append("kernels_by_dtype:  # the kinds above except where a dtype has its own")
+            for dtype, kinds in val.items():
+                out.append(f"  {dtype}:")
+                for kind, fields in kinds.items():
+                    out.append(f"    {kind}:")
+                    for k3, v3 in fields.items():
+                        note = notes.get(f"{key}.{dtype}.{kind}.{k3}", "")
+                        out.append(f"      {k3}: {_fmt(v3)}" + (f"  # {note}" if note else ""))
         else:
             note = notes.get(key, "")
             out.append(f"{key}: {_fmt(val)}" + (f"  # {note}" if note else ""))
@@ -349,7 +380,7 @@ THEIRS = ["parallel.micro_batch_size=2", "parallel.recompute=op", "cluster.gpu.h
 # They have HBM2e and are limited to a lower TDP. The actual peak TFLOPs should be between SXM
 # and NVL" (Liang et al., TorchTitan, arXiv:2410.06511, Table 1's note). So each run is predicted
 # at both ends: SXM's 989 and NVL's 835 dense bf16 TFLOP/s (H100 NVL datasheet: 1,671 with
-# sparsity), the GEMM efficiency (MAMF's, a fraction of peak) kept.
+# sparsity), the GEMM efficiency (a fraction of peak) kept.
 PEAK_NVL_BF16 = 835.0
 PUBLISHED = [
     ("torchtitan 8B FSDP, 8 H100 (Table 1)", THEIRS, 5762),
@@ -412,8 +443,8 @@ def main() -> None:
               f"twin {preds[0]:5.0f} .. {preds[1]:5.0f}  err {preds[0] / tps - 1:+.0%} .. "
               f"{preds[1] / tps - 1:+.0%}")
     print("  (their H100s: HBM2e at 2.4 TB/s and torchtitan's op-level SAC, both simulated; their "
-          "lower TDP as the peak's range; sustained clocks within it and compute slowed beside "
-          "NCCL kernels are not modelled)")
+          "lower TDP as the peak's range; GEMMs at a 700 W part's sustained clock; the lower "
+          "clock of their 500 W limit and compute slowed beside NCCL kernels are not modelled)")
 
 
 def fmt_path(s) -> str:

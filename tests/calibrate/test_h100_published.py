@@ -2,8 +2,8 @@
 
 Their parts' peak lies between H100 SXM's and NVL's (torchtitan's note), so at the SXM peak
 the twin must be no slower than published, and at the NVL peak within the band the benchmark
-measured (+8% to +28% on the rows run here; a model that drifts out of it fails). The effects
-the table isolates must hold as published: 128 vs 8 GPUs, and async TP's gain.
+measured (-4% to +12% over the ten rows; a model that drifts out of it fails). The effects the
+table isolates must hold as published: 128 vs 8 GPUs, and async TP's gain.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _tps(label: str, end: str) -> float:
 def test_the_twin_brackets_the_published_run(label):
     tps = FAST[label][1]
     assert _tps(label, "SXM") >= tps  # the parts are no faster than an SXM H100
-    assert 0.0 <= _tps(label, "NVL") / tps - 1 <= 0.30
+    assert -0.05 <= _tps(label, "NVL") / tps - 1 <= 0.15
 
 
 def test_the_fsdp_degree_and_async_tp_move_throughput_as_published():
