@@ -54,6 +54,29 @@ def test_linear_gemms_run_in_fp8_after_casting_their_operands():
     assert check_schedule(build_schedule(_job(tp=2, sp=True)).programs())["ops"] > 0
 
 
+def test_compiled_casts_fuse_an_activations_amax_into_its_producer():
+    """Under parallel.compile an activation's or gradient's cast reads e and writes 1 byte
+    per element (its amax computed by the compiled kernel that made it); a weight (the k x n
+    operand of the forward and dgrad GEMMs) still pays the amax read: 2e + 1. A wgrad's two
+    operands are both activations. Eager: 2e + 1 for every operand."""
+    ops = {op.name: op for op in build_schedule(_job(compile=True)).program(0).ops}
+    eager = {op.name: op for op in build_schedule(_job()).program(0).ops}
+    seen = set()
+    for name, op in ops.items():
+        if op.kind != "gemm" or op.dtype != "fp8":
+            continue
+        m, n, k = op.shape
+        cast = ops[name + ".fp8_cast"]
+        if name.endswith(".wgrad"):
+            assert cast.bytes == (2 + 1) * (m * k + k * n)
+        else:
+            assert cast.bytes == (2 + 1) * m * k + (2 * 2 + 1) * k * n
+        assert eager[cast.name].bytes == (2 * 2 + 1) * (m * k + k * n)
+        assert cast.shape == eager[cast.name].shape  # the same elements, fewer bytes
+        seen.add(name.rsplit(".", 1)[1] if "grad" in name.rsplit("/", 1)[1] else "fwd")
+    assert seen == {"fwd", "dgrad", "wgrad"}
+
+
 def test_fp8_gemm_time_at_the_fp8_peak():
     prog = build_schedule(_job()).program(0)
     ref = build_schedule(_job("none")).program(0)

@@ -106,6 +106,8 @@ class ProgramBuilder:
         self.e = job.model.dtype_bytes
         self.dtype = job.model.dtype
         self.linear_dtype = FLOAT8_PEAK.get(job.parallel.float8)
+        self.compiled = job.parallel.compile
+        """torch.compile of each block: FP8 casts of activations fuse their amax (``gemm``)."""
         """The transformer layers' linear GEMMs' dtype under FP8 training (None: the model's)."""
         self.state_bytes = OPTIMIZER_STATE_BYTES[job.parallel.optimizer_dtype]
         """Bytes of one of Adam's momentum or variance elements."""
@@ -137,10 +139,18 @@ class ProgramBuilder:
         linear GEMM (forward, dgrad and wgrad) first casts its two operands (dynamic scaling:
         an amax read, then a cast that reads e and writes 1 byte per element; torchao's
         Float8Linear keeps the high-precision tensors for backward and casts again there),
-        then multiplies 1-byte operands into an e-byte output at the FP8 peak."""
+        then multiplies 1-byte operands into an e-byte output at the FP8 peak. Under
+        torch.compile (``compiled``) the amax of an activation or gradient operand is fused
+        into the compiled kernel that produces it, so its cast reads e and writes 1 byte per
+        element; a weight (the k x n operand of the forward and dgrad GEMMs, gathered by
+        FSDP, made by no compiled kernel) still pays its amax read."""
         if self.linear_dtype and local.split(".")[0] in FP8_LINEARS:
-            cast = self.elementwise(ctx, f"{local}.fp8_cast", m * k + k * n, deps,
-                                    tensors=(2 * self.e + 1) / self.e, flops_per_element=2)
+            weight = 0 if local.endswith(".wgrad") else k * n  # wgrad: two activations
+            act = m * k + k * n - weight
+            e = self.e
+            nbytes = act * (e + 1 if self.compiled else 2 * e + 1) + weight * (2 * e + 1)
+            cast = self.elementwise(ctx, f"{local}.fp8_cast", act + weight, deps,
+                                    tensors=nbytes / (e * (act + weight)), flops_per_element=2)
             return self.emit(ctx, local, "gemm", "compute", [cast], shape=(m, n, k),
                              dtype=self.linear_dtype, flops=2.0 * m * n * k * flops_scale,
                              bytes=float(m * k + k * n + self.e * m * n))
