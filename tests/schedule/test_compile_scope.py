@@ -46,8 +46,9 @@ def test_the_ops_outside_the_blocks_are_the_embedding_head_and_step_end(plan):
     for op in ops:
         if op.outside_blocks:
             assert op.layer < 0 and not op.one_kernel and op.kind == "elementwise"
-        elif op.kind == "elementwise" and op.layer < 0:
-            assert op.one_kernel  # FSDP2's copies: one kernel in eager PyTorch too
+        elif op.kind == "elementwise" and op.layer < 0:  # FSDP2's copies (one kernel in
+            # eager PyTorch too) and the loss, compiled with the blocks (compile_loss)
+            assert op.one_kernel or _local(op) in ("loss", "loss.bwd")
     # the flag keeps the reduction's: the final norm and the loss still reduce along rows
     assert all(op.reduction for op in ops if _local(op) in ("final_norm", "loss"))
 
@@ -60,7 +61,7 @@ def test_compile_leaves_the_ops_outside_the_blocks_eager():
     fused = eager.compiled()
     f, r = eager.eager_elementwise, eager.compiled_reduction_efficiency
     assert f > 3 and r < 1
-    ops = _ops()
+    ops = _ops(compile_loss=False)  # torchtitan's December 2024 scope: the blocks only
     hbm = H100.hbm_bw_GBps * 1e9
     k = eager.elementwise
     for op in ops:
@@ -103,3 +104,16 @@ def test_the_hosts_plan_times_every_op_as_host_time_does():
         assert issue == pytest.approx([cost.host_time(op) for op in ops], rel=1e-9, abs=1e-15)
         prices = {cost.host_time(op) for op in ops if op.kind == "elementwise"}
         assert len(prices) >= 2
+
+
+def test_a_compiled_loss_is_inside_the_compiled_region():
+    """compile_loss (default: torchtitan compiles the loss with the blocks since 2025): the
+    loss and its backward are fused; false (torchtitan's December 2024 runs) leaves them eager
+    with the rest outside the blocks."""
+    compiled = {_local(op) for op in _ops() if op.outside_blocks}
+    blocks_only = {_local(op) for op in _ops(compile_loss=False) if op.outside_blocks}
+    assert blocks_only - compiled == {"loss", "loss.bwd"}
+    eager = _h100_profile()
+    fused = eager.compiled()
+    loss = next(op for op in _ops() if _local(op) == "loss")
+    assert loss.reduction and fused.compute_time(loss, H100) < eager.compute_time(loss, H100)

@@ -70,6 +70,34 @@ def test_loss_temporary_closed_forms():
     assert loss_temporary_bytes(dataclasses.replace(m, dtype="fp32"), 2) == 8 * n
 
 
+def test_a_compiled_loss_saves_the_logits_and_their_logsumexp_and_makes_one_gradient():
+    """torch.compile of the loss (torchtitan's compile.components 'loss', default since 2025):
+    it saves the e-byte logits and an fp32 log-sum-exp per token, not the fp32 log-softmax
+    (4N), and its backward makes the logits' e-byte gradient, not the fp32 ones (8N); under
+    loss_parallel (tp > 1) the vocabulary-parallel eager forms stay."""
+    m = gpt(vocab_size=1000, seq_len=128)
+    n, e = 128 * 2 * 1000, m.dtype_bytes
+    assert loss_temporary_bytes(m, 2, tp=1, compiled=True) == e * n
+    assert loss_temporary_bytes(m, 2, tp=4, compiled=True) == loss_temporary_bytes(m, 2, tp=4)
+
+    def last_stage(**plan):
+        job = build_job(gpt(vocab_size=50000), _gpu(gpus=2),
+                        ParallelPlan(pp=2, global_batch_size=4, **plan))
+        return job, job.grid.rank(pp=1)
+
+    (eager, r), (compiled, _) = last_stage(compile=True, compile_loss=False), \
+        last_stage(compile=True)
+    s, b, v = compiled.model.seq_len, 1, compiled.model.vocab_size
+    got, want = rank_memory(compiled, r), rank_memory(eager, r)
+    assert want.activations - got.activations == pytest.approx((4 - e) * s * b * v - 4 * s * b)
+    layer = layer_temporary_bytes(compiled.model, b, flash_attention=True)
+    assert got.temporary == max(layer, e * s * b * v)
+    # without torch.compile the loss is eager whatever compile_loss says
+    plain, _ = last_stage()
+    assert rank_memory(plain, r).activations == want.activations
+    assert rank_memory(plain, r).temporary == want.temporary
+
+
 def test_layer_temporary_eager_attention_and_recompute():
     m = gpt()
     s, a, e = m.seq_len, m.num_heads, m.dtype_bytes

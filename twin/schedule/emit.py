@@ -108,6 +108,8 @@ class ProgramBuilder:
         self.linear_dtype = FLOAT8_PEAK.get(job.parallel.float8)
         self.compiled = job.parallel.compile
         """torch.compile of each block: FP8 casts of activations fuse their amax (``gemm``)."""
+        self.compiled_loss = job.parallel.compile and job.parallel.compile_loss
+        """The loss compiled too (parallel.compile_loss): its ops are not outside_blocks."""
         """The transformer layers' linear GEMMs' dtype under FP8 training (None: the model's)."""
         self.state_bytes = OPTIMIZER_STATE_BYTES[job.parallel.optimizer_dtype]
         """Bytes of one of Adam's momentum or variance elements."""
@@ -180,7 +182,8 @@ class ProgramBuilder:
 
     def elementwise(self, ctx: Ctx, local: str, elements: int, deps: Iterable[Idx],
                     tensors: float = 2.0, flops_per_element: float = 1.0,
-                    one_kernel: bool = False, reduction: bool = False) -> int:
+                    one_kernel: bool = False, reduction: bool = False,
+                    compiled: bool = False) -> int:
         """A memory-bound op touching ``tensors`` tensors of ``elements`` each. The layers'
         ops stand for fused kernels that eager PyTorch runs as several (the profile's
         ``eager_elementwise``); ``one_kernel``: one kernel in eager PyTorch too, e.g. FSDP2's
@@ -189,8 +192,8 @@ class ProgramBuilder:
         CostModel.compiled_reduction_efficiency). An op outside the layers (``ctx.layer`` < 0:
         the embedding, final norm, loss, gradient clipping) that is not one kernel anyway
         stays eager under torch.compile of each block (``shape`` (elements, 0, reduction,
-        1): Op.outside_blocks)."""
-        if ctx.layer < 0 and not one_kernel:
+        1): Op.outside_blocks) unless ``compiled`` (the loss under parallel.compile_loss)."""
+        if ctx.layer < 0 and not one_kernel and not compiled:
             shape = (elements, 0, int(reduction), 1)
         else:
             shape = (elements, int(one_kernel), 1) if reduction else \

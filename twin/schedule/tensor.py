@@ -361,7 +361,8 @@ class TensorParallel(Pass):
         x = b.gemm(ctx, "lm_head", n, self.vocab, self.h, [x])
         if not with_loss:
             return x
-        x = b.elementwise(ctx, "loss", n * self.vocab, [x], tensors=2, flops_per_element=5, reduction=True)
+        x = b.elementwise(ctx, "loss", n * self.vocab, [x], tensors=2, flops_per_element=5,
+                          reduction=True, compiled=b.compiled_loss)
         for stat in ("max", "sumexp", "target"):
             y = b.collective(ctx.at(paradigm=self.paradigm), f"ce.{stat}", "all_reduce",
                              self.group, "tp", 4 * n, [x], stream="comm.tp")
@@ -373,7 +374,7 @@ class TensorParallel(Pass):
         b, n = self.b, self.tokens
         if with_loss:
             g = b.elementwise(ctx, "loss.bwd", n * self.vocab, [g], tensors=2,
-                              flops_per_element=4, reduction=True)
+                              flops_per_element=4, reduction=True, compiled=b.compiled_loss)
         d = b.gemm(ctx, "lm_head.dgrad", n, self.h, self.vocab, [g])
         # tied on one stage, this gradient accumulates into the embedding's (ready at embed.bwd)
         self._weight(grads, "lm_head.wgrad",

@@ -143,7 +143,15 @@ class ParallelPlan:
     compile: bool = False
     """torch.compile of each layer (torchtitan's compile.enable): its elementwise chains run
     as fused kernels, so the profile's eager factor (CostModel.eager_elementwise) is taken
-    out of their cost; FP8 casts fuse the same way. False: eager PyTorch."""
+    out of their cost; an FP8 cast's amax fuses into its producer. The embedding, final norm
+    and gradient clipping stay eager (Op.outside_blocks). False: eager PyTorch."""
+
+    compile_loss: bool = True
+    """With ``compile``, the loss is compiled too (torchtitan's compile.components 'loss',
+    its default since 2025): the cross-entropy is fused, saves the logits and their
+    log-sum-exp instead of the fp32 log-softmax, and its backward makes the logits' gradient
+    alone. False: the loss stays eager (torchtitan's December 2024 runs compiled the blocks
+    only). Under loss_parallel (tp > 1) its memory is the vocabulary-parallel eager one."""
 
     async_tp: bool = False
     """Async TP (torchtitan's enable_async_tensor_parallel, micro-pipeline TP): each SP
