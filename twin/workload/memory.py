@@ -29,6 +29,11 @@ from twin.spec import ClusterSpec, Job, ModelSpec
 from twin.spec.parallel import OPTIMIZER_STATE_BYTES
 from twin.workload import context as cp  # context parallelism: s/cp tokens, KV buffers
 from twin.workload.comm import step_traffic
+from twin.workload.loss import (  # noqa: F401 - loss_temporary_bytes: public here
+    compiled_loss,
+    loss_temporary_bytes,
+    saved_logits_bytes,
+)
 from twin.workload.moememory import moe_memory_delta
 from twin.workload.params import (
     embedding_tensors,
@@ -36,7 +41,6 @@ from twin.workload.params import (
     kv_heads_per_rank,
     layer_tensors,
     stage_params,
-    vocab_rows,
 )
 
 # (params, grads, optimizer) bytes per parameter; mixed precision Adam has K = 12.
@@ -222,11 +226,8 @@ def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
         # in flight on the last stage, except under GPipe (all m) and tables walked
         head_inflight = par.num_microbatches if par.pp > 1 and par.pp_schedule == "gpipe" else 1
         head_inflight = (table_inflight(job, stage) or (0, head_inflight))[1] if par.pp > 1 else 1
-        if compiled_loss(job):  # the e-byte logits and an fp32 log-sum-exp per token
-            logits = e * s * b * model.vocab_size + 4 * s * b
-        else:  # the fp32 log-softmax
-            logits = 4 * s * b * vocab_rows(model, par.tp)
-        acts += head_inflight * (2 * e * s * b * model.hidden_size / sp_div + logits)
+        acts += head_inflight * (2 * e * s * b * model.hidden_size / sp_div
+                                 + saved_logits_bytes(job, model, b))
     buffers = cp.buffer_bytes(job.model, par)
     if par.zero_stage == 3 and par.dp * par.cp > 1:
         # FSDP units: the root (embedding, head) stays gathered from its first forward to its
@@ -331,27 +332,6 @@ def comm_buffer_bytes(job: Job, rank: int) -> float:
     return total
 
 
-def loss_temporary_bytes(model: ModelSpec, batch: int, tp: int = 1,
-                         compiled: bool = False) -> float:
-    """Cross-entropy over the vocabulary in fp32, beyond the saved log-softmax (4N bytes,
-    counted in activations); N = s b V/t logits on the rank, e the model's dtype bytes.
-
-    Eager ``F.cross_entropy(logits.float())`` (t = 1): forward holds the logits, their fp32
-    copy and the log-softmax, (e + 8)N; backward the saved log-softmax, nll_loss's gradient
-    and log_softmax's, 12N. Vocab-parallel (t > 1, torch.distributed.tensor.parallel
-    loss_parallel, _log_softmax and _nll_loss_and_log_softmax_backward): forward the logits,
-    x, x - max and exp(x - max), (e + 12)N; backward the saved log-softmax, the one-hot
-    gradient, it plus exp(x) and the product, 16N. ``compiled`` (torch.compile of the loss,
-    t = 1: parallel.compile_loss): the fused backward makes the logits' gradient alone, eN.
-    """
-    n = model.seq_len * batch * vocab_rows(model, tp)
-    e = model.dtype_bytes
-    if compiled and tp == 1:
-        return e * n
-    peak = max(e + 8, 12) if tp == 1 else max(e + 12, 16)
-    return (peak - 4) * n
-
-
 def layer_temporary_bytes(model: ModelSpec, batch: int, tp: int = 1, sp: bool = False,
                           recompute: str = "none", flash_attention: bool = False) -> float:
     """One layer's transient in its backward: what recomputation re-creates (the layer's
@@ -380,13 +360,6 @@ def temporary_bytes(job: Job, rank: int, recompute: str | None = None) -> float:
     if job.grid.coord(rank, "pp") == job.head_stage:
         out = max(out, loss_temporary_bytes(model, b, tp, compiled_loss(job)))
     return out
-
-
-def compiled_loss(job: Job) -> bool:
-    """Whether torch.compile fuses the loss (parallel.compile and compile_loss) with the
-    vocabulary whole on the rank (under loss_parallel, tp > 1, its eager forms stay)."""
-    par = job.parallel
-    return par.compile and par.compile_loss and (par.tp == 1 or par.legacy_dp)
 
 
 def live_tensor_count(job: Job, rank: int, recompute: str | None = None) -> float:
