@@ -181,7 +181,9 @@ def test_ep_on_a_dense_model_is_an_error():
 @pytest.mark.parametrize("plan", [
     dict(ep=4), dict(ep=2, zero_stage=2), dict(gpus=8, tp=2, sp=True, ep=2), dict(tp=2),
     dict(zero_stage=3), dict(gpus=8, tp=2, sp=True, ep=2, etp=1, zero_stage=1),
-    dict(ep=2, recompute="full")])
+    dict(ep=2, recompute="full"), dict(ep=2, recompute="full", recompute_early_stop=True),
+    dict(gpus=8, tp=2, sp=True, ep=2, recompute="full", recompute_early_stop=True),
+    dict(tp=2, recompute="full", recompute_early_stop=True)])
 def test_inspect_closed_forms_equal_the_schedule(shared, skew, plan):
     """`paratwin inspect`'s per-group bytes and executed FLOPs (twin/workload/moerank.py)
     are the schedule's own, rank by rank, under every expert layout."""
@@ -204,3 +206,32 @@ def test_inspect_closed_forms_equal_the_schedule(shared, skew, plan):
         if plan.get("recompute") != "full":  # (dense layers differ there by their attention
             # backward's count under full recompute, a gap of the dense closed form)
             assert rank_flops_per_step(j, rank) == pytest.approx(kernels, rel=1e-12)
+
+
+def test_an_early_stopping_recomputation_runs_a_moe_layer_whole():
+    """PyTorch's non-reentrant checkpoint stops once every saved tensor is recomputed: in a
+    dense layer before fc2, in a MoE layer after its experts' weighted combine (which saves
+    their outputs), so the routed experts' fc2 and both all-to-alls are re-run; the first
+    layer (first_k_dense=1) stays dense."""
+    j = job(ep=2, recompute="full", recompute_early_stop=True)
+    redo = {(op.layer, op.name.rsplit("/", 1)[1]) for op in build_schedule(j).program(0).ops
+            if op.phase == "recompute"}
+    assert (0, "act") in redo and (0, "fc2") not in redo and (0, "resid2") not in redo
+    for layer in range(1, j.model.num_layers):
+        assert {(layer, "experts.fc2"), (layer, "moe.combine"), (layer, "moe.unpermute")} <= redo
+        assert (layer, "resid2") not in redo
+    whole = {(op.layer, op.name.rsplit("/", 1)[1]) for op in build_schedule(
+        job(ep=2, recompute="full")).program(0).ops if op.phase == "recompute"}
+    assert whole - redo == {(0, "fc2"), (0, "resid2")} | {(L, "resid2") for L in range(1, 4)}
+
+
+@pytest.mark.parametrize("preset", ["fsdp", "hsdp"])
+def test_the_fsdp_presets_build_a_moe_model(preset):
+    """The fsdp and hsdp presets run PyTorch's full AC with its early stop; a MoE model under
+    them builds (it was refused once) and its step checks out."""
+    from tests.schedule.helpers import preset_job
+
+    j = preset_job(preset, "mixtral_8x7b", "dgx_h100", 8, "model.num_layers=2",
+                   "parallel.global_batch_size=8")
+    assert j.parallel.recompute_early_stop and j.model.moe is not None
+    assert check_schedule(build_schedule(j).programs())["ops"] > 0

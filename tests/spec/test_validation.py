@@ -158,8 +158,9 @@ def test_op_level_sac_is_refused_where_it_is_not_modelled():
                                                  moe_ffn_hidden_size=256))
     with pytest.raises(ConfigError, match=r"recompute=op .* MoE layers"):
         build_job(moe, cluster(), ParallelPlan(recompute="op"))
-    with pytest.raises(ConfigError, match=r"recompute_early_stop=true is modelled for dense"):
-        build_job(moe, cluster(), ParallelPlan(recompute="full", recompute_early_stop=True))
+    # PyTorch's early stop in a MoE layer falls after its weighted combine (the fsdp and hsdp
+    # presets set it): accepted
+    build_job(moe, cluster(), ParallelPlan(recompute="full", recompute_early_stop=True))
     build_job(gpt(), cluster(), ParallelPlan(recompute="op"))
 
 

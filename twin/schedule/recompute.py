@@ -100,8 +100,9 @@ class Recompute(Pass):
             self.b.alloc(rctx, f"ract.L{unit.key}.mb{rctx.mb}", "activations",
                          self._recomputed_bytes(unit))
             redo = partial(self._redo, rctx, [unit.x, unit.deps])
-            if self.lazy and self.tp.async_tp is None:  # where backward first unpacks one
-                unit.recompute = redo
+            moe = self.tp.moe is not None and self.tp.moe.is_moe(unit.key)
+            if self.lazy and self.tp.async_tp is None and not moe:  # where backward first
+                unit.recompute = redo  # unpacks one (a MoE layer's: right after resid2.bwd)
             else:
                 unit.x = redo()
         elif self.policy == "selective":

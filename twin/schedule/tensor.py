@@ -218,7 +218,8 @@ class TensorParallel(Pass):
 
     def _layer_forward(self, ctx: Ctx, x: Idx, early_stop: bool = False) -> Idx:
         """norm1, [AG], QKV, attention, out-proj, [AR|RS], residual, norm2, [AG], MLP, [AR|RS],
-        residual (``early_stop``: up to the MLP's activation)."""
+        residual (``early_stop``: up to the MLP's activation; in a MoE layer up to its output,
+        the experts' weighted combine being the last op that saves a tensor)."""
         b, n, lt = self.b, self.tokens, self.local_tokens
         x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5, reduction=True)
         _, (x,) = self._ag_gemms(ctx, "ag1", x, [GemmSpec("qkv", self.q + 2 * self.kv, self.h)])
@@ -232,8 +233,8 @@ class TensorParallel(Pass):
         x = b.elementwise(ctx, "resid1", lt * self.h, [x], tensors=3)
         x = b.elementwise(ctx, "norm2", lt * self.h, [x], tensors=2, flops_per_element=5, reduction=True)
         if self.moe is not None and self.moe.is_moe(ctx.layer):
-            x = self.moe.forward(ctx, x)
-            return b.elementwise(ctx, "resid2", lt * self.h, [x], tensors=3)
+            x = self.moe.forward(ctx, x)  # (early_stop: its weighted combine saves the last)
+            return x if early_stop else b.elementwise(ctx, "resid2", lt * self.h, [x], tensors=3)
         if self.model.activation == "swiglu":
             _, (g, u) = self._ag_gemms(ctx, "ag2", x, [GemmSpec("fc_gate", self.f, self.h),
                                                       GemmSpec("fc_up", self.f, self.h)])

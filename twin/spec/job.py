@@ -148,10 +148,6 @@ def build_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelPlan) ->
                         f"must fit on one node of {cluster.gpus_per_node} GPUs; use DDP "
                         "(legacy_dp=false) across nodes")
     problems += expert_problems(m, p, dp)  # MoE: ep, etp and their groups
-    if p.recompute == "full" and p.recompute_early_stop and m.moe is not None:
-        problems.append("parallel.recompute_early_stop=true is modelled for dense layers (where "
-                        f"the stop falls in a MoE layer's experts is not); model {m.name} has MoE "
-                        "layers: set recompute_early_stop=false")
     if p.recompute == "op" and m.moe is not None:
         problems.append("parallel.recompute=op (op-level SAC) is modelled for dense layers; "
                         f"model {m.name} has MoE layers: use recompute=selective|full")

@@ -51,13 +51,17 @@ def moe_flops_delta(job: Job, rank: int) -> float:
     m = 2 if model.activation == "swiglu" else 1
     passes = 3 + (1 if par.recompute == "full" else 0)  # forward, backward 2x, recomputed
     dense = 2 * tokens * (m + 1) * h * (model.ffn_hidden_size // par.tp)
+    # a full recomputation that stops early re-runs the whole MoE MLP (its weighted combine
+    # saves the last tensor) where the dense count leaves out fc2
+    early = 2 * tokens * model.ffn_hidden_size * h // par.tp \
+        if par.recompute == "full" and par.recompute_early_stop else 0
     total = 0.0
     for layer in _moe_layers(job, grid.grid.coord(rank, "pp")):
         t = traffic(moe, layer, n, par.ep, grid.coords(rank)["ep"])
         r = t.received * (etp if etp > 1 and not replicated else 1)
         mlp = 2 * n * h * moe.num_experts + 2 * r * (m + 1) * h * (moe.moe_ffn_hidden_size // etp)
         mlp += 2 * tokens * (m + 1) * h * (moe.shared_ffn_hidden_size // par.tp)
-        total += passes * (mlp - dense)
+        total += passes * (mlp - dense) + early
     return total * par.num_microbatches
 
 
@@ -75,6 +79,9 @@ def moe_step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
     mb, e, h = par.num_microbatches, model.dtype_bytes, model.hidden_size
     fwd = 2 if par.recompute == "full" else 1  # forward collectives (recomputed once more)
     bsh = tokens * h * e
+    if "tp" in out and fwd == 2 and par.recompute_early_stop:  # the dense count stopped
+        # before fc2's reduction; a MoE layer's recomputation runs whole (its MLP's included)
+        out["tp"].add("reduce_scatter" if par.sp else "all_reduce", len(layers) * mb, bsh)
     if "tp" in out and not moe.shared_experts:  # the MLP's TP collectives are gone
         calls = out["tp"].calls
         for kind in (("all_gather", "reduce_scatter") if par.sp else ("all_reduce",)):
