@@ -2,7 +2,7 @@
 
 Their parts' peak lies between H100 SXM's and NVL's (torchtitan's note), so at the SXM peak
 the twin must be no slower than published, and at the NVL peak within the band the benchmark
-measured (0% to +12% over the ten rows; a model that drifts out of it fails). The effects the
+measured (+5% to +14% over the ten rows; a model that drifts out of it fails). The effects the
 table isolates must hold as published: 128 vs 8 GPUs, and async TP's gain.
 """
 

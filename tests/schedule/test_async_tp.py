@@ -7,6 +7,8 @@ a reduce-scatter ends with one sum of the rank's tp partial chunks (tp read, one
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections import Counter, defaultdict
 
 import pytest
@@ -22,7 +24,11 @@ from twin.workload.comm import step_traffic
 def _job(tp=4, **plan):
     base = dict(tp=tp, sp=True, async_tp=True, compile=True, global_batch_size=4)
     base.update(plan)
-    return build_job(gpt(num_layers=2, activation="swiglu"), cluster(), ParallelPlan(**base))
+    c = cluster()
+    if base.get("float8", "none") != "none":  # an FP8 peak for its GEMMs
+        c = dataclasses.replace(c, gpu=dataclasses.replace(
+            c.gpu, peak_tflops={**c.gpu.peak_tflops, "fp8": 2 * c.gpu.peak_tflops["bf16"]}))
+    return build_job(gpt(num_layers=2, activation="swiglu"), c, ParallelPlan(**base))
 
 
 def _by(prog):
@@ -61,6 +67,20 @@ def test_each_pair_is_tp_partial_gemms_of_the_same_flops():
     sums = [op for op in prog.ops if op.name.endswith(".reduce")]  # 4 RS pairs per layer
     assert len(sums) == 4 * job.model.num_layers * job.parallel.num_microbatches
     assert all(op.bytes == 2 * (4 + 1) * op.shape[0] for op in sums)  # tp chunks read, one written
+
+
+def test_fp8_partial_gemms_cast_the_weight_once():
+    """Under FP8 async TP's partial GEMMs cast their rows of the activation each and the
+    weight once (the first step): the pair's casts move what the unchunked GEMM's cast does,
+    not the weight tp times."""
+    job, sync = _job(float8="tensorwise"), _job(float8="tensorwise", async_tp=False)
+    casts = Counter()
+    for op in build_schedule(job).program(0).ops:
+        if op.name.endswith(".fp8_cast"):  # a partial GEMM's: name.sK.fp8_cast
+            casts[re.sub(r"\.s\d+$", "", op.name.removesuffix(".fp8_cast"))] += op.bytes
+    want = {op.name.removesuffix(".fp8_cast"): op.bytes
+            for op in build_schedule(sync).program(0).ops if op.name.endswith(".fp8_cast")}
+    assert casts == pytest.approx(want)
 
 
 def test_async_tp_is_deadlock_free_and_overlaps():

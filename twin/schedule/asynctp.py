@@ -12,8 +12,10 @@ while the next step multiplies; the rank's own chunk comes last, and one kernel 
 partial with the tp - 1 received. The same wire bytes as the ring all-gather and
 reduce-scatter: (tp - 1)/tp of the activation per rank. The partial GEMMs have tp times
 fewer rows, so the cost model's tile and wave quantization prices them at their own (lower)
-efficiency. The copies are TP-group send/recv (``group_name`` tp, on copy engines: no host
-sync).
+efficiency. Under FP8 each partial GEMM casts its rows of the activation, and the first casts
+the weight for all of them (the chunks move in the model dtype: torchao's Float8 TP styles,
+which gather FP8, are not modelled). The copies are TP-group send/recv (``group_name`` tp,
+on copy engines: no host sync).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class AsyncTP:
         for spec in specs:
             extra = [outs[-1]] if spec.chained and outs else []
             outs.append(self.b.gemm(ctx, f"{spec.name}.s{s}", self.rows, spec.n, spec.k,
-                                    deps + extra))
+                                    deps + extra, weight_cast=s == 0))  # (FP8: cast once)
         return outs
 
     def gather_gemms(self, ctx: Ctx, local: str, x: Idx,

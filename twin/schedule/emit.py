@@ -136,7 +136,7 @@ class ProgramBuilder:
 
     # -- compute -----------------------------------------------------------------
     def gemm(self, ctx: Ctx, local: str, m: int, n: int, k: int, deps: Iterable[Idx],
-             flops_scale: float = 1.0) -> int:
+             flops_scale: float = 1.0, weight_cast: bool = True) -> int:
         """(m x k) @ (k x n): 2mnk FLOPs, e(mk + kn + mn) bytes. Under FP8 training a layer's
         linear GEMM (forward, dgrad and wgrad) first casts its two operands (dynamic scaling:
         an amax read, then a cast that reads e and writes 1 byte per element; torchao's
@@ -145,10 +145,12 @@ class ProgramBuilder:
         torch.compile (``compiled``) the amax of an activation or gradient operand is fused
         into the compiled kernel that produces it, so its cast reads e and writes 1 byte per
         element; a weight (the k x n operand of the forward and dgrad GEMMs, gathered by
-        FSDP, made by no compiled kernel) still pays its amax read."""
+        FSDP, made by no compiled kernel) still pays its amax read. ``weight_cast=False``:
+        the weight was cast already (async TP's partial GEMMs after the first cast it once)."""
         if self.linear_dtype and local.split(".")[0] in FP8_LINEARS:
-            weight = 0 if local.endswith(".wgrad") else k * n  # wgrad: two activations
-            act = m * k + k * n - weight
+            wgrad = local.endswith(".wgrad")  # two activations
+            act = m * k + (k * n if wgrad else 0)
+            weight = 0 if wgrad or not weight_cast else k * n
             e = self.e
             nbytes = act * (e + 1 if self.compiled else 2 * e + 1) + weight * (2 * e + 1)
             cast = self.elementwise(ctx, f"{local}.fp8_cast", act + weight, deps,
