@@ -2,7 +2,7 @@
 
 Their parts' peak lies between H100 SXM's and NVL's (torchtitan's note), so at the SXM peak
 the twin must be no slower than published, and at the NVL peak within the band the benchmark
-measured (+5% to +14% over the ten rows; a model that drifts out of it fails). The effects the
+measured (+5% to +19% over the ten rows; a model that drifts out of it fails). The effects the
 table isolates must hold as published: 128 vs 8 GPUs, and async TP's gain.
 """
 
@@ -24,7 +24,7 @@ def _tps(label: str, end: str) -> float:
 def test_the_twin_brackets_the_published_run(label):
     tps = FAST[label][1]
     assert _tps(label, "SXM") >= tps  # the parts are no faster than an SXM H100
-    assert -0.05 <= _tps(label, "NVL") / tps - 1 <= 0.15
+    assert 0.0 <= _tps(label, "NVL") / tps - 1 <= 0.20
 
 
 def test_the_fsdp_degree_and_async_tp_move_throughput_as_published():

@@ -40,14 +40,20 @@ def _by(prog):
 
 
 @pytest.mark.parametrize("plan", [dict(), dict(recompute="full"), dict(tp=2, pp=2, global_batch_size=8),
-                                  dict(recompute="full", recompute_early_stop=True)])
+                                  dict(recompute="full", recompute_early_stop=True),
+                                  dict(float8="tensorwise", recompute="full"),
+                                  dict(float8="tensorwise", recompute="full",
+                                       recompute_early_stop=True)])
 def test_async_tp_traffic_is_the_closed_form_and_the_wire_bytes_of_sp(plan):
+    """(FP8 tensorwise: torchao's Float8 TP styles gather the forward's inputs in FP8, under
+    async TP and plain SP alike, so the two still move the same wire bytes.)"""
     job, sync = _job(**plan), _job(**{**plan, "async_tp": False})
     for stage in range(job.parallel.pp):
         rank = job.grid.rank(pp=stage)
-        got = _by(build_schedule(job).program(rank))
-        want = {k: b for k, (_, b) in step_traffic(job, rank)["tp"].calls.items()}
-        assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k]) for k in want)
+        for j in (job, sync):
+            got = _by(build_schedule(j).program(rank))
+            want = {k: b for k, (_, b) in step_traffic(j, rank)["tp"].calls.items()}
+            assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k]) for k in want)
         a, s = step_traffic(job, rank)["tp"], step_traffic(sync, rank)["tp"]
         assert a.wire_bytes == pytest.approx(s.wire_bytes)
 
@@ -100,3 +106,28 @@ def test_async_tp_is_deadlock_free_and_overlaps():
 def test_async_tp_without_tp_or_sp_is_one_line(plan, words):
     with pytest.raises(ConfigError, match=words):
         _job(**plan)
+
+
+def test_float8_tp_styles_gather_the_forward_inputs_in_fp8():
+    """torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput (torchtitan with float8 and
+    TP): the shard of norm1's and norm2's outputs is cast to FP8 before SP's all-gather, which
+    moves a byte per element; the GEMMs after it cast their weights only; the gradients'
+    gathers in backward stay at e bytes."""
+    job = _job(float8="tensorwise", async_tp=False, recompute="none")
+    ops = build_schedule(job).program(0).ops
+    byname = {op.name.rsplit("/", 2)[-2] + "/" + op.name.rsplit("/", 1)[1]: op for op in ops
+              if op.layer == 0 and op.mb == 0}
+    t, h, e, tp = job.parallel.micro_batch_size * job.model.seq_len, job.model.hidden_size, 2, 4
+    for ag, gemm in (("ag1", "qkv"), ("ag2", "fc_gate")):
+        gather, cast = byname[f"L0/{ag}"], byname[f"L0/{ag}.fp8_cast"]
+        assert gather.kind == "all_gather" and gather.bytes == t * h and gather.dtype == "fp8"
+        assert cast.shape[0] == t * h // tp and ops[gather.deps[0]] is cast
+        m, n, k = byname[f"L0/{gemm}"].shape
+        assert byname[f"L0/{gemm}.fp8_cast"].shape[0] == k * n  # the weight alone
+    backward = [op for op in ops if op.kind == "all_gather" and op.phase == "bwd"]
+    assert backward and all(op.bytes == t * h * e and op.dtype != "fp8" for op in backward)
+    for recompute in ("op", "full", "none"):  # the closed form moves the same bytes
+        j = _job(float8="tensorwise", async_tp=False, recompute=recompute)
+        got = _by(build_schedule(j).program(0))
+        want = {k: b for k, (_, b) in step_traffic(j, 0)["tp"].calls.items()}
+        assert got == pytest.approx(want)

@@ -235,3 +235,21 @@ def test_the_fsdp_presets_build_a_moe_model(preset):
                    "parallel.global_batch_size=8")
     assert j.parallel.recompute_early_stop and j.model.moe is not None
     assert check_schedule(build_schedule(j).programs())["ops"] > 0
+
+
+def test_fp8_sp_gathers_of_a_moe_model_are_the_closed_form():
+    """Float8 tensorwise under SP gathers the dense inputs in FP8 (TensorParallel.fp8_gather);
+    a MoE layer's MLP gathers are gone from the TP count at the bytes they had."""
+    import dataclasses
+
+    from twin.workload.moerank import moe_step_traffic
+
+    c = cluster(gpus=8)
+    c = dataclasses.replace(c, gpu=dataclasses.replace(
+        c.gpu, peak_tflops={**c.gpu.peak_tflops, "fp8": 2 * c.gpu.peak_tflops["bf16"]}))
+    for recompute in ("none", "full"):
+        j = build_job(moe_model(), c, ParallelPlan(tp=2, sp=True, ep=2, float8="tensorwise",
+                                                   recompute=recompute))
+        prog = build_schedule(j).program(0)
+        got = sum(c_["bytes"] for c_ in prog.summary()["collectives"] if c_["group"] == "tp")
+        assert moe_step_traffic(j, 0)["tp"].bytes == pytest.approx(got)

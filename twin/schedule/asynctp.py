@@ -39,31 +39,38 @@ class GemmSpec(NamedTuple):
 class AsyncTP:
     """Emits the chunked steps for one rank of its TP ``group``."""
 
-    def __init__(self, out: ProgramBuilder, group: tuple[int, ...], tokens: int, hidden: int):
+    def __init__(self, out: ProgramBuilder, group: tuple[int, ...], tokens: int, hidden: int,
+                 fp8: bool = False):
         self.b = out
         self.group = group
         self.tp = len(group)
         self.me = group.index(out.rank)
         self.rows = tokens // self.tp  # the rows of one chunk of the sequence
+        self.hidden = hidden
         self.chunk_bytes = out.e * self.rows * hidden
+        self.fp8 = fp8
+        """torchao's Float8 TP styles: the gathered chunks move in FP8, cast once by their
+        owner (TensorParallel.fp8_gather)."""
 
-    def _exchange(self, ctx: Ctx, local: str, s: int, x: Idx) -> Idx:
+    def _exchange(self, ctx: Ctx, local: str, s: int, x: Idx, nbytes: float = 0.0) -> Idx:
         """Step ``s``'s copy: ``x`` to the rank s + 1 places on in the group, the matching
         chunk from the rank s + 1 places back (symmetric memory: each chunk straight from
-        its owner); returns the receive."""
+        its owner); returns the receive. ``nbytes``: 0 for a chunk in the model dtype."""
+        nbytes = nbytes or self.chunk_bytes
         tag = f"{ctx.prefix()}/{local}.s{s}"
         to = self.group[(self.me + s + 1) % self.tp]
         frm = self.group[(self.me - s - 1) % self.tp]
-        self.b.send(ctx, f"{local}.send.s{s}", to, tag, self.chunk_bytes, [x], group_name="tp")
-        return self.b.recv(ctx, f"{local}.recv.s{s}", frm, tag, self.chunk_bytes, [x],
-                           group_name="tp")
+        self.b.send(ctx, f"{local}.send.s{s}", to, tag, nbytes, [x], group_name="tp")
+        return self.b.recv(ctx, f"{local}.recv.s{s}", frm, tag, nbytes, [x], group_name="tp")
 
-    def _gemms(self, ctx: Ctx, specs: Sequence[GemmSpec], s: int, deps: list) -> list[Idx]:
+    def _gemms(self, ctx: Ctx, specs: Sequence[GemmSpec], s: int, deps: list,
+               act_cast: bool = True) -> list[Idx]:
         outs: list[Idx] = []
         for spec in specs:
             extra = [outs[-1]] if spec.chained and outs else []
             outs.append(self.b.gemm(ctx, f"{spec.name}.s{s}", self.rows, spec.n, spec.k,
-                                    deps + extra, weight_cast=s == 0))  # (FP8: cast once)
+                                    deps + extra, weight_cast=s == 0,  # (FP8: cast once)
+                                    act_cast=act_cast))
         return outs
 
     def gather_gemms(self, ctx: Ctx, local: str, x: Idx,
@@ -72,10 +79,14 @@ class AsyncTP:
         gathered input is here, the last partial of each GEMM). Step 0 multiplies the
         rank's own chunk while every copy is under way; step s the chunk received s-th."""
         ctx = ctx.at(paradigm="async_tp")
-        chunks = [x] + [self._exchange(ctx, local, s, x) for s in range(self.tp - 1)]
+        nbytes, fp8 = 0.0, self.fp8 and not local.endswith(".bwd")  # (gradients: bf16)
+        if fp8:  # the rank's chunk cast to FP8 before it is sent
+            x = self.b.fp8_cast(ctx, local, self.rows * self.hidden, 0, [x])
+            nbytes = self.chunk_bytes / self.b.e
+        chunks = [x] + [self._exchange(ctx, local, s, x, nbytes) for s in range(self.tp - 1)]
         outs: list[Idx] = []
         for s, chunk in enumerate(chunks):
-            outs = self._gemms(ctx, specs, s, [chunk])
+            outs = self._gemms(ctx, specs, s, [chunk], act_cast=not fp8)
         return chunks[-1], outs
 
     def gemms_scatter(self, ctx: Ctx, local: str, deps: list,

@@ -135,8 +135,15 @@ class ProgramBuilder:
         return Program(self.rank, self.ops)
 
     # -- compute -----------------------------------------------------------------
+    def fp8_cast(self, ctx: Ctx, local: str, act: int, weight: int, deps: Iterable[Idx]) -> int:
+        """An FP8 cast of ``act`` activation and ``weight`` weight elements (see ``gemm``)."""
+        e = self.e
+        nbytes = act * (e + 1 if self.compiled else 2 * e + 1) + weight * (2 * e + 1)
+        return self.elementwise(ctx, f"{local}.fp8_cast", act + weight, deps,
+                                tensors=nbytes / (e * (act + weight)), flops_per_element=2)
+
     def gemm(self, ctx: Ctx, local: str, m: int, n: int, k: int, deps: Iterable[Idx],
-             flops_scale: float = 1.0, weight_cast: bool = True) -> int:
+             flops_scale: float = 1.0, weight_cast: bool = True, act_cast: bool = True) -> int:
         """(m x k) @ (k x n): 2mnk FLOPs, e(mk + kn + mn) bytes. Under FP8 training a layer's
         linear GEMM (forward, dgrad and wgrad) first casts its two operands (dynamic scaling:
         an amax read, then a cast that reads e and writes 1 byte per element; torchao's
@@ -146,16 +153,15 @@ class ProgramBuilder:
         into the compiled kernel that produces it, so its cast reads e and writes 1 byte per
         element; a weight (the k x n operand of the forward and dgrad GEMMs, gathered by
         FSDP, made by no compiled kernel) still pays its amax read. ``weight_cast=False``:
-        the weight was cast already (async TP's partial GEMMs after the first cast it once)."""
+        the weight was cast already (async TP's partial GEMMs after the first cast it once);
+        ``act_cast=False``: the activation arrives in FP8 (gathered so by SP)."""
         if self.linear_dtype and local.split(".")[0] in FP8_LINEARS:
             wgrad = local.endswith(".wgrad")  # two activations
-            act = m * k + (k * n if wgrad else 0)
+            act = m * k + (k * n if wgrad else 0) if act_cast else 0
             weight = 0 if wgrad or not weight_cast else k * n
-            e = self.e
-            nbytes = act * (e + 1 if self.compiled else 2 * e + 1) + weight * (2 * e + 1)
-            cast = self.elementwise(ctx, f"{local}.fp8_cast", act + weight, deps,
-                                    tensors=nbytes / (e * (act + weight)), flops_per_element=2)
-            return self.emit(ctx, local, "gemm", "compute", [cast], shape=(m, n, k),
+            if act + weight:
+                deps = [self.fp8_cast(ctx, local, act, weight, deps)]
+            return self.emit(ctx, local, "gemm", "compute", deps, shape=(m, n, k),
                              dtype=self.linear_dtype, flops=2.0 * m * n * k * flops_scale,
                              bytes=float(m * k + k * n + self.e * m * n))
         return self.emit(ctx, local, "gemm", "compute", deps, shape=(m, n, k), dtype=self.dtype,

@@ -65,7 +65,10 @@ class TensorParallel(Pass):
         self.paradigm = "sp" if self.sp else ("tp" if self.tp > 1 else "")
         self.moe = None  # a MoE model's expert layers (twin/schedule/moe.py), set by the step
         self.cp = None  # context parallelism's attention core (twin/schedule/context.py), same
-        self.async_tp = AsyncTP(out, group, self.tokens, self.h) \
+        self.fp8_gather = bool(out.linear_dtype) and self.sp and par.float8 == "tensorwise"
+        """torchao's Float8 TP styles (torchtitan's, tensorwise): SP's forward all-gathers
+        move the shard cast to FP8 (PrepareFloat8ModuleInput), the GEMMs after cast no input."""
+        self.async_tp = AsyncTP(out, group, self.tokens, self.h, self.fp8_gather) \
             if par.async_tp and self.tp > 1 else None
         """Async TP: the SP collectives and their GEMMs as chunked, overlapped steps."""
         self.deferred: list | None = None
@@ -135,12 +138,17 @@ class TensorParallel(Pass):
                               self.act_bytes, [x], stream="comm.tp")
         return x if y is None else y
 
-    def _f(self, ctx: Ctx, local: str, x: Idx) -> Idx:
-        """Before a column-parallel GEMM: all-gather under SP (identity under plain TP)."""
+    def _f(self, ctx: Ctx, local: str, x: Idx, fp8: bool = False) -> Idx:
+        """Before a column-parallel GEMM: all-gather under SP (identity under plain TP);
+        ``fp8``: of the shard cast to FP8 first, a byte per element (``fp8_gather``)."""
         if not self.sp:
             return x
+        if fp8:
+            x = self.b.fp8_cast(ctx, local, self.local_tokens * self.h, 0, [x])
         return self.b.collective(ctx.at(paradigm=self.paradigm), local, "all_gather",
-                                 self.group, "tp", self.act_bytes, [x], stream="comm.tp")
+                                 self.group, "tp", self.act_bytes / self.b.e if fp8 else
+                                 self.act_bytes, [x], stream="comm.tp",
+                                 dtype=self.b.linear_dtype if fp8 else None)
 
     def _f_bwd(self, ctx: Ctx, local: str, x: Idx) -> Idx:
         """Backward of f: all-reduce (TP) or reduce-scatter (SP) of the input gradient."""
@@ -160,11 +168,13 @@ class TensorParallel(Pass):
         backward the gather is g's (an all-reduce under plain TP, after the GEMMs' input)."""
         if self.async_tp is not None:
             return self.async_tp.gather_gemms(ctx, local, x, specs)
-        y = self._f(ctx, local, x) if not local.endswith(".bwd") else self._g_bwd(ctx, local, x)
+        fp8 = self.fp8_gather and not local.endswith(".bwd")
+        y = self._f(ctx, local, x, fp8) if not local.endswith(".bwd") else self._g_bwd(ctx, local, x)
         outs: list[Idx] = []
         for spec in specs:
             extra = [outs[-1]] if spec.chained and outs else []
-            outs.append(self.b.gemm(ctx, spec.name, self.tokens, spec.n, spec.k, [y] + extra))
+            outs.append(self.b.gemm(ctx, spec.name, self.tokens, spec.n, spec.k, [y] + extra,
+                                    act_cast=not fp8))
         return y, outs
 
     def _gemms_rs(self, ctx: Ctx, local: str, deps: list, specs: list[GemmSpec], *,
@@ -324,7 +334,7 @@ class TensorParallel(Pass):
         then the up projection and SwiGLU (GeLU from the kept fc1: no matmul)."""
         b, n, lt = self.b, self.tokens, self.local_tokens
         x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5, reduction=True)
-        x = self._f(ctx, "ag1", x)
+        x = self._f(ctx, "ag1", x, self.fp8_gather)
         k = b.gemm(ctx, "k_proj", n, self.kv, self.h, [x])
         if self.rope:
             k = b.elementwise(ctx, "rope", n * (self.q + self.kv), [k], tensors=2,
@@ -334,9 +344,9 @@ class TensorParallel(Pass):
             o = self._g(ctx, "ar1", o)
         x = b.elementwise(ctx, "resid1", lt * self.h, [o], tensors=3)
         x = b.elementwise(ctx, "norm2", lt * self.h, [x], tensors=2, flops_per_element=5, reduction=True)
-        x = self._f(ctx, "ag2", x)
+        x = self._f(ctx, "ag2", x, self.fp8_gather)
         if self.model.activation == "swiglu":
-            u = b.gemm(ctx, "fc_up", n, self.f, self.h, [x])
+            u = b.gemm(ctx, "fc_up", n, self.f, self.h, [x], act_cast=not self.fp8_gather)
             return b.elementwise(ctx, "act", n * self.f, [u], tensors=3, flops_per_element=4)
         return b.elementwise(ctx, "act", n * self.f, [x], tensors=2, flops_per_element=8)
 

@@ -118,16 +118,24 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
         full = par.recompute == "full"
         redo = 0 if not full else 1 if par.recompute_early_stop else 2
         gathers, reductions = 4 + (2 if full else 0), 4 + redo
+        # torchao's Float8 TP styles (tensorwise): the forward gathers (and their re-runs)
+        # move a byte per element (TensorParallel.fp8_gather); the gradients' stay at e
+        fp8 = par.sp and par.float8 == "tensorwise"
+        fwd = 2 + (2 if full else 0) if fp8 else 0
         if par.async_tp:  # each all-gather and reduce-scatter as tp - 1 ring steps (asynctp.py)
-            tp.add("send", layers * m * (gathers + reductions) * (par.tp - 1), bsh / par.tp)
+            tp.add("send", layers * m * (gathers - fwd + reductions) * (par.tp - 1), bsh / par.tp)
+            if fwd:
+                tp.add("send", layers * m * fwd * (par.tp - 1), bsh / par.tp / e)
         elif par.sp:  # each all-reduce becomes a reduce-scatter and an all-gather
-            tp.add("all_gather", layers * m * gathers, bsh)
+            tp.add("all_gather", layers * m * (gathers - fwd), bsh)
+            if fwd:
+                tp.add("all_gather", layers * m * fwd, bsh / e)
             tp.add("reduce_scatter", layers * m * reductions, bsh)
         else:
             tp.add("all_reduce", layers * m * reductions, bsh)
         if par.recompute == "op":  # op-level SAC re-runs the gathers (SP) or out_proj's reduce
             if par.sp:
-                tp.add("all_gather", layers * m * 2, bsh)
+                tp.add("all_gather", layers * m * 2, bsh / e if fp8 else bsh)
             else:
                 tp.add("all_reduce", layers * m, bsh)
         if stage == 0:  # vocab-parallel embedding: partial sums combined forward
