@@ -32,3 +32,15 @@ def test_the_fsdp_degree_and_async_tp_move_throughput_as_published():
     assert ratio == pytest.approx(5605 / 5762, rel=0.05)
     gain = _tps("T4 70B FSDP32 x TP8 +async TP", "NVL") / _tps("T4 70B FSDP32 x TP8", "NVL")
     assert 1.0 < gain <= 876 / 829 * 1.02
+
+
+def test_the_held_out_h200_rows_stay_where_they_were_measured():
+    """torchtitan's June 2025 H200 baseline (8B FSDP, compile + Float8, 32 and 64 GPUs), never
+    used to derive the profile: the twin was +9.3% and +11.0% on TPS/GPU when they were read;
+    its memory 59.8 GiB against 48.0 published (the allocator reserve and the loss's transient
+    are the excess)."""
+    from benchmarks.h100_published import H200_ROWS
+
+    for label, overrides, tps in H200_ROWS:
+        s = predict(overrides)
+        assert 0.0 <= s["tokens_per_s"] / s["world_size"] / tps - 1 <= 0.15, label
