@@ -70,6 +70,28 @@ def test_the_critical_path_retimes_to_the_simulated_step(k):
     assert sum(path.parts(TRUE, job.cluster.gpu).values()) == pytest.approx(step, rel=2e-3)
 
 
+@pytest.mark.parametrize("compile_", [False, True])
+def test_the_path_retimes_ops_an_eager_factor_prices_apart(compile_):
+    """With an eager factor folded in (the H100 profile's), FSDP2's copies (one kernel) cost
+    the host host_us / f and, compiled, the ops outside the blocks f times the fused ops':
+    the path counts each in its kind's units, so it still re-times to the step."""
+    model = gpt(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4, ffn_hidden_size=1024,
+                vocab_size=512, seq_len=256)
+    job = build_job(model, dataclasses.replace(A100ISH, gpus_per_node=2),
+                    ParallelPlan(zero_stage=3, compile=compile_, global_batch_size=4))
+    cost = dataclasses.replace(TRUE, eager_elementwise=4.0, p2p_host_sync=False,
+                               elementwise=dataclasses.replace(TRUE.elementwise, host_us=400.0))
+    cost = cost.compiled() if compile_ else cost
+    classes = fold_classes(job, "all")
+    sched = build_schedule(job)
+    sim = Simulation(job, {r: sched.program(r) for r in classes}, cost, SimOptions(fold="all"),
+                     classes)
+    step = sim.run()
+    path = critical_path(sim, 0.0)
+    assert path.host  # host-bound: the host's issuing is on the path
+    assert path.retime(cost, job.cluster.gpu) == pytest.approx(step, rel=2e-3)
+
+
 def test_the_fit_recovers_known_parameters_from_noisy_runs():
     jobs = _jobs()
     rng = np.random.default_rng(7)

@@ -38,7 +38,8 @@ class CriticalPath:
     """Compute op (its kind, dtype, shape, FLOPs, bytes) -> times on the path."""
     host: Counter = field(default_factory=Counter)
     """Op kind -> ops the host issued before the op it held back ('comm' for collectives
-    and send/recv, 'comm_ranks' the collectives' group members)."""
+    and send/recv, 'comm_ranks' the collectives' group members), each in its kind's units
+    (``host_weight``)."""
     comm_s: float = 0.0
     """Collectives on the path (measured fits: fixed while compute and host are fitted)."""
     p2p_s: float = 0.0
@@ -100,6 +101,16 @@ def host_us(cost: CostModel, kind: str, dtype: str = "") -> float:
     if kind == "comm_ranks":
         return cost.host_comm_per_rank_us
     return cost.kernel(kind, dtype).host_us
+
+
+def host_weight(cost: CostModel, op: Op) -> float:
+    """``op``'s host time in its kind's units (``CriticalPath.host`` counts them): 1, but for
+    an elementwise op the eager factor prices apart (a one-kernel copy, an op outside the
+    compiled blocks: CostModel.kernel_of)."""
+    if op.kind != "elementwise":
+        return 1.0
+    unit = cost.kernel(op.kind, op.dtype).host_us
+    return cost.kernel_of(op).host_us / unit if unit else 1.0
 
 
 def signature(op: Op) -> Op:
@@ -270,8 +281,9 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
                 kind = o.kind if o.is_compute else f"comm@{call_role(o)}" \
                     if o.is_collective or o.is_p2p else ""
                 if kind:
-                    path.host[kind] += 1
-                    add(when, issued, counter="host", key=kind)
+                    w = host_weight(sim.cost, o)
+                    path.host[kind] += w
+                    add(when, issued, counter="host", key=kind, n=w)
                 if o.is_collective:
                     path.host["comm_ranks"] += len(o.group)
                     add(when, issued, counter="host", key="comm_ranks", n=len(o.group))
