@@ -197,3 +197,17 @@ def test_fsdp_gathers_fp8_weights_at_one_byte():
     assert got == pytest.approx(want)
     with pytest.raises(ConfigError, match="needs float8=tensorwise and zero_stage=3"):
         _job(float8_fsdp_all_gather=True)
+
+
+def test_op_sac_recomputes_the_key_projection_in_fp8():
+    """torchtitan's op-level SAC recomputes wk's output, a Float8Linear like the others: the
+    recomputed k_proj runs at the FP8 peak after its cast."""
+    from tests.conftest import gpt as model
+
+    m = model(num_layers=2, activation="swiglu", position_embedding="rope")
+    job = build_job(m, dataclasses.replace(cluster(), gpu=H100),
+                    ParallelPlan(float8="tensorwise", recompute="op", global_batch_size=8))
+    ops = {op.name: op for op in build_schedule(job).program(0).ops}
+    k = [op for name, op in ops.items() if name.endswith("/k_proj")]
+    assert k and all(op.dtype == "fp8" and name + ".fp8_cast" in ops for name, op in
+                     ((op.name, op) for op in k))

@@ -335,7 +335,7 @@ class TensorParallel(Pass):
         b, n, lt = self.b, self.tokens, self.local_tokens
         x = b.elementwise(ctx, "norm1", lt * self.h, [x], tensors=2, flops_per_element=5, reduction=True)
         x = self._f(ctx, "ag1", x, self.fp8_gather)
-        k = b.gemm(ctx, "k_proj", n, self.kv, self.h, [x])
+        k = b.gemm(ctx, "k_proj", n, self.kv, self.h, [x], act_cast=not self.fp8_gather)
         if self.rope:
             k = b.elementwise(ctx, "rope", n * (self.q + self.kv), [k], tensors=2,
                               flops_per_element=3)

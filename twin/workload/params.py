@@ -253,9 +253,10 @@ def fsdp_layer_units(job: Job, stage: int) -> list[int]:
             for i in job.layers_on_stage(stage)]
 
 
-FP8_LINEARS = frozenset({"qkv", "out_proj", "fc_gate", "fc_up", "fc1", "fc2"})
+FP8_LINEARS = frozenset({"qkv", "k_proj", "out_proj", "fc_gate", "fc_up", "fc1", "fc2"})
 """The GEMMs torchao's float8 converter swaps (a layer's nn.Linear; torchtitan leaves the
-LM head, ``output``, in high precision): their local op names' first part."""
+LM head, ``output``, in high precision): their local op names' first part (``k_proj``: the
+key projection op-level SAC recomputes alone, torchtitan's ``wk``)."""
 
 
 def is_fp8_weight(name: str, grad_op: str) -> bool:
