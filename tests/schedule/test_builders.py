@@ -47,6 +47,8 @@ PLANS = {
     "tp_sp_op_sac": dict(tp=2, sp=True, recompute="op", global_batch_size=8),
     "tp_sp_full_early_stop": dict(tp=2, sp=True, recompute="full", recompute_early_stop=True,
                                   global_batch_size=8),
+    # torch.compile with its loss (compile_loss): the head keeps the logits and their lse
+    "1f1b_compiled_loss": dict(pp=2, compile=True, global_batch_size=16),
     "tp_full_early_stop": dict(tp=2, recompute="full", recompute_early_stop=True,
                                global_batch_size=8),
     "tp_sp_norms": dict(tp=4, sp=True, sp_norm_grad_sync="per_tensor", global_batch_size=4),

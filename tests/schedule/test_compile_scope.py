@@ -117,3 +117,18 @@ def test_a_compiled_loss_is_inside_the_compiled_region():
     fused = eager.compiled()
     loss = next(op for op in _ops() if _local(op) == "loss")
     assert loss.reduction and fused.compute_time(loss, H100) < eager.compute_time(loss, H100)
+
+
+def test_the_head_keeps_what_the_compiled_loss_saves():
+    """The schedule's head activation buffer holds the final norm's and the head's inputs and
+    what the loss saves: the fp32 log-softmax eager, the logits and a log-sum-exp per token
+    compiled (twin.workload.loss.saved_logits_bytes, the static memory model's term)."""
+    for compile_loss, logits in ((False, lambda sb, v, e: 4 * sb * v),
+                                 (True, lambda sb, v, e: e * sb * v + 4 * sb)):
+        job = build_job(gpt(), dataclasses.replace(cluster(), gpu=H100),
+                        ParallelPlan(compile=True, compile_loss=compile_loss, global_batch_size=8))
+        m, ops = job.model, build_schedule(job).program(0).ops
+        sb = m.seq_len * job.parallel.micro_batch_size
+        h, v, e = m.hidden_size, m.vocab_size, m.dtype_bytes
+        head = next(op for op in ops if op.kind == "alloc" and op.tag.startswith("act.head.mb0"))
+        assert head.bytes == 2 * e * sb * h + logits(sb, v, e)

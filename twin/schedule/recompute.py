@@ -23,8 +23,8 @@ from twin.schedule.emit import Idx, ProgramBuilder
 from twin.schedule.passes import EMBED, LAYER, Pass, Unit
 from twin.schedule.tensor import TensorParallel
 from twin.spec import ModelSpec, ParallelPlan
+from twin.workload.loss import saved_logits_bytes
 from twin.workload.memory import activation_bytes_per_layer
-from twin.workload.params import vocab_rows
 
 
 def layer_activation_bytes(model: ModelSpec, par: ParallelPlan, recompute: str) -> float:
@@ -35,10 +35,12 @@ def layer_activation_bytes(model: ModelSpec, par: ParallelPlan, recompute: str) 
 
 def head_activation_bytes(model: ModelSpec, par: ParallelPlan, elem_bytes: int) -> float:
     """The head's kept activations: 2 * e * s*b*h / (t under SP) (final norm's and the head's
-    inputs) + 4 * s*b * vocab/t (fp32 logits)."""
+    inputs) + what the loss keeps (``saved_logits_bytes``: the fp32 log-softmax, 4 * s*b *
+    vocab/t; compiled, the logits and their log-sum-exp)."""
     sb = model.seq_len * par.micro_batch_size
     sp_div = par.tp if par.sp else 1
-    return 2 * elem_bytes * sb * model.hidden_size / sp_div + 4 * sb * vocab_rows(model, par.tp)
+    return 2 * elem_bytes * sb * model.hidden_size / sp_div \
+        + saved_logits_bytes(model, par, par.micro_batch_size)
 
 
 def embedding_dropout_bytes(model: ModelSpec, par: ParallelPlan) -> float:

@@ -4,24 +4,23 @@ vocabulary-parallel (``loss_parallel`` under TP) or compiled (``parallel.compile
 
 from __future__ import annotations
 
-from twin.spec import Job, ModelSpec
+from twin.spec import ModelSpec, ParallelPlan
 from twin.workload.params import vocab_rows
 
 
-def compiled_loss(job: Job) -> bool:
+def compiled_loss(par: ParallelPlan) -> bool:
     """Whether torch.compile fuses the loss (parallel.compile and compile_loss) with the
     vocabulary whole on the rank (under loss_parallel, tp > 1, its eager forms stay)."""
-    par = job.parallel
     return par.compile and par.compile_loss and par.tp == 1
 
 
-def saved_logits_bytes(job: Job, model: ModelSpec, batch: int) -> float:
+def saved_logits_bytes(model: ModelSpec, par: ParallelPlan, batch: int) -> float:
     """What the loss keeps for its backward (Korthikanti §4.3: the fp32 log-softmax, 4N for
     N = s b V/t logits); compiled, the e-byte logits and an fp32 log-sum-exp per token."""
     s = model.seq_len
-    if compiled_loss(job):
+    if compiled_loss(par):
         return model.dtype_bytes * s * batch * model.vocab_size + 4 * s * batch
-    return 4 * s * batch * vocab_rows(model, job.parallel.tp)
+    return 4 * s * batch * vocab_rows(model, par.tp)
 
 
 def loss_temporary_bytes(model: ModelSpec, batch: int, tp: int = 1,

@@ -227,7 +227,7 @@ def _tensor_memory(job: Job, rank: int, recompute: str) -> Memory:
         head_inflight = par.num_microbatches if par.pp > 1 and par.pp_schedule == "gpipe" else 1
         head_inflight = (table_inflight(job, stage) or (0, head_inflight))[1] if par.pp > 1 else 1
         acts += head_inflight * (2 * e * s * b * model.hidden_size / sp_div
-                                 + saved_logits_bytes(job, model, b))
+                                 + saved_logits_bytes(model, par, b))
     buffers = cp.buffer_bytes(job.model, par)
     if par.zero_stage == 3 and par.dp * par.cp > 1:
         # FSDP units: the root (embedding, head) stays gathered from its first forward to its
@@ -358,7 +358,7 @@ def temporary_bytes(job: Job, rank: int, recompute: str | None = None) -> float:
     tp, sp = (1, False) if par.legacy_dp else (par.tp, par.sp)
     out = layer_temporary_bytes(model, b, tp, sp, recompute, par.flash_attention)
     if job.grid.coord(rank, "pp") == job.head_stage:
-        out = max(out, loss_temporary_bytes(model, b, tp, compiled_loss(job)))
+        out = max(out, loss_temporary_bytes(model, b, tp, compiled_loss(job.parallel)))
     return out
 
 
