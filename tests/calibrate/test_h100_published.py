@@ -37,7 +37,7 @@ def test_the_fsdp_degree_and_async_tp_move_throughput_as_published():
 def test_the_held_out_h200_rows_stay_where_they_were_measured():
     """torchtitan's June 2025 H200 baseline (8B FSDP, compile + Float8, 32 and 64 GPUs), never
     used to derive the profile: the twin was +9.3% and +11.1% on TPS/GPU when they were read;
-    its memory 59.8 GiB against 48.0 published (the allocator reserve and the loss's transient
+    its memory 55.9 GiB against 48.0 published (the allocator reserve and the loss's transient
     are the excess)."""
     from benchmarks.h100_published import H200_ROWS
 

@@ -13,9 +13,10 @@ partial with the tp - 1 received. The same wire bytes as the ring all-gather and
 reduce-scatter: (tp - 1)/tp of the activation per rank. The partial GEMMs have tp times
 fewer rows, so the cost model's tile and wave quantization prices them at their own (lower)
 efficiency. Under FP8 each partial GEMM casts its rows of the activation, and the first casts
-the weight for all of them (the chunks move in the model dtype: torchao's Float8 TP styles,
-which gather FP8, are not modelled). The copies are TP-group send/recv (``group_name`` tp,
-on copy engines: no host sync).
+the weight for all of them; with torchao's Float8 TP styles (twin.workload.params.fp8_tp_gather)
+the gathered chunks move in FP8, each cast once by its owner, and the partial GEMMs cast
+their weights only. The copies are TP-group send/recv (``group_name`` tp, on copy engines: no
+host sync).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from twin.schedule.ir import Op, Program
 from twin.spec import Job
 from twin.spec.job import FLOAT8_PEAK
 from twin.spec.parallel import OPTIMIZER_STATE_BYTES
+from twin.workload.loss import compiled_loss
 from twin.workload.params import FP8_LINEARS
 
 Idx = int | None
@@ -106,11 +107,11 @@ class ProgramBuilder:
         self.e = job.model.dtype_bytes
         self.dtype = job.model.dtype
         self.linear_dtype = FLOAT8_PEAK.get(job.parallel.float8)
+        """The transformer layers' linear GEMMs' dtype under FP8 training (None: the model's)."""
         self.compiled = job.parallel.compile
         """torch.compile of each block: FP8 casts of activations fuse their amax (``gemm``)."""
-        self.compiled_loss = job.parallel.compile and job.parallel.compile_loss
-        """The loss compiled too (parallel.compile_loss): its ops are not outside_blocks."""
-        """The transformer layers' linear GEMMs' dtype under FP8 training (None: the model's)."""
+        self.compiled_loss = compiled_loss(job.parallel)
+        """The loss compiled too (twin.workload.loss.compiled_loss): not outside_blocks."""
         self.state_bytes = OPTIMIZER_STATE_BYTES[job.parallel.optimizer_dtype]
         """Bytes of one of Adam's momentum or variance elements."""
         self.last_compute: Idx = None

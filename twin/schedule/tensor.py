@@ -25,7 +25,7 @@ from twin.schedule.emit import Ctx, Idx, ProgramBuilder
 from twin.schedule.passes import EMBED, LAYER, Pass, Unit
 from twin.schedule.stage import HEAD, Key
 from twin.spec import ModelSpec, ParallelPlan
-from twin.workload.params import kv_heads_per_rank, vocab_rows
+from twin.workload.params import fp8_tp_gather, kv_heads_per_rank, vocab_rows
 
 
 def apply_tp(out: ProgramBuilder, model: ModelSpec, par: ParallelPlan, group: tuple[int, ...],
@@ -65,9 +65,9 @@ class TensorParallel(Pass):
         self.paradigm = "sp" if self.sp else ("tp" if self.tp > 1 else "")
         self.moe = None  # a MoE model's expert layers (twin/schedule/moe.py), set by the step
         self.cp = None  # context parallelism's attention core (twin/schedule/context.py), same
-        self.fp8_gather = bool(out.linear_dtype) and self.sp and par.float8 == "tensorwise"
-        """torchao's Float8 TP styles (torchtitan's, tensorwise): SP's forward all-gathers
-        move the shard cast to FP8 (PrepareFloat8ModuleInput), the GEMMs after cast no input."""
+        self.fp8_gather = fp8_tp_gather(par)
+        """SP's forward all-gathers move the shard cast to FP8; the GEMMs after them cast
+        their weights only (twin.workload.params.fp8_tp_gather)."""
         self.async_tp = AsyncTP(out, group, self.tokens, self.h, self.fp8_gather) \
             if par.async_tp and self.tp > 1 else None
         """Async TP: the SP collectives and their GEMMs as chunked, overlapped steps."""

@@ -151,7 +151,7 @@ class ParallelPlan:
     its default since 2025): the cross-entropy is fused, saves the logits and their
     log-sum-exp instead of the fp32 log-softmax, and its backward makes the logits' gradient
     alone. False: the loss stays eager (torchtitan's December 2024 runs compiled the blocks
-    only). Under loss_parallel (tp > 1) its memory is the vocabulary-parallel eager one."""
+    only). Under loss_parallel (tp > 1) the loss is modelled eager, time and memory."""
 
     async_tp: bool = False
     """Async TP (torchtitan's enable_async_tensor_parallel, micro-pipeline TP): each SP

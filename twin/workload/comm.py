@@ -36,7 +36,14 @@ from dataclasses import dataclass, field
 from twin.spec import Job
 from twin.vocab import wire_factor
 from twin.workload.context import dp_dims, step_calls
-from twin.workload.params import fp8_weight_numel, fsdp_layer_units, norm_params, stage_params, vocab_rows
+from twin.workload.params import (
+    fp8_tp_gather,
+    fp8_weight_numel,
+    fsdp_layer_units,
+    norm_params,
+    stage_params,
+    vocab_rows,
+)
 
 
 @dataclass
@@ -118,9 +125,8 @@ def step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
         full = par.recompute == "full"
         redo = 0 if not full else 1 if par.recompute_early_stop else 2
         gathers, reductions = 4 + (2 if full else 0), 4 + redo
-        # torchao's Float8 TP styles (tensorwise): the forward gathers (and their re-runs)
-        # move a byte per element (TensorParallel.fp8_gather); the gradients' stay at e
-        fp8 = par.sp and par.float8 == "tensorwise"
+        # the forward gathers (and their re-runs) at a byte per element under Float8 TP
+        fp8 = fp8_tp_gather(par)
         fwd = 2 + (2 if full else 0) if fp8 else 0
         if par.async_tp:  # each all-gather and reduce-scatter as tp - 1 ring steps (asynctp.py)
             tp.add("send", layers * m * (gathers - fwd + reductions) * (par.tp - 1), bsh / par.tp)

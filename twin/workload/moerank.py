@@ -22,7 +22,7 @@ from twin.spec import Job
 from twin.spec.experts import expert_grid, has_expert_groups
 from twin.workload.comm import GroupTraffic, step_traffic
 from twin.workload.moe import traffic
-from twin.workload.params import expert_params
+from twin.workload.params import expert_params, fp8_tp_gather
 
 
 def _moe_layers(job: Job, stage: int) -> list[int]:
@@ -87,7 +87,7 @@ def moe_step_traffic(job: Job, rank: int) -> dict[str, GroupTraffic]:
         for kind in (("all_gather", "reduce_scatter") if par.sp else ("all_reduce",)):
             per = 1 + fwd  # forward (and recomputed) and backward, each once per layer
             calls[kind][0] -= len(layers) * mb * per
-            fp8 = kind == "all_gather" and par.float8 == "tensorwise"  # forward's in FP8
+            fp8 = kind == "all_gather" and fp8_tp_gather(par)  # the forward's in FP8
             calls[kind][1] -= len(layers) * mb * (fwd * bsh / e + bsh if fp8 else per * bsh)
     if replicated and par.tp > 1:  # the routed output all-reduced forward, its input backward
         out["tp"].add("all_reduce", len(layers) * mb * (fwd + 1), bsh)

@@ -259,6 +259,13 @@ LM head, ``output``, in high precision): their local op names' first part (``k_p
 key projection op-level SAC recomputes alone, torchtitan's ``wk``)."""
 
 
+def fp8_tp_gather(par) -> bool:
+    """torchao's Float8 TP styles, as torchtitan applies them (tensorwise with SP): SP's
+    forward all-gathers move the shard cast to FP8, a byte per element
+    (PrepareFloat8ModuleInput); the gradients' gathers stay in the model dtype."""
+    return par.sp and par.tp > 1 and par.float8 == "tensorwise"
+
+
 def is_fp8_weight(name: str, grad_op: str) -> bool:
     """Whether a tensor (its name and the op producing its gradient) is an FP8 linear's weight."""
     return name.endswith(".weight") and grad_op.split(".")[0] in FP8_LINEARS
