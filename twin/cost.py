@@ -322,9 +322,9 @@ def call_role(op: Op) -> str:
 
 def host_key(op: Op) -> tuple:
     """What ``CostModel.host_time`` of an op depends on (memo keys): its kind, dtype and
-    group, and an elementwise op's pricing flags (``shape[1:]``: one kernel, a reduction,
-    outside the compiled blocks)."""
-    return (op.kind, op.dtype, op.group_name, len(op.group),
+    group, whether it is FSDP's (call_role), and an elementwise op's pricing flags
+    (``shape[1:]``: one kernel, a reduction, outside the compiled blocks)."""
+    return (op.kind, op.dtype, op.group_name, op.paradigm == "fsdp", len(op.group),
             op.shape[1:] if op.kind == "elementwise" else ())
 
 

@@ -132,3 +132,20 @@ def test_the_head_keeps_what_the_compiled_loss_saves():
         h, v, e = m.hidden_size, m.vocab_size, m.dtype_bytes
         head = next(op for op in ops if op.kind == "alloc" and op.tag.startswith("act.head.mb0"))
         assert head.bytes == 2 * e * sb * h + logits(sb, v, e)
+
+
+def test_the_hosts_plan_prices_fsdp_calls_apart_from_their_groups_other_calls():
+    """call_role reads an op's paradigm (FSDP2's gathers and reduce-scatters are priced as
+    ``fsdp``, not as their group's): a call of the same kind on the same group outside FSDP
+    keeps its own host time in the memoized plan."""
+    from twin.schedule.ir import Op
+
+    cost = dataclasses.replace(_h100_profile(), host_comm_by_group_us={"fsdp": 50.0, "dp": 10.0})
+    group = (0, 1)
+    ops = [Op(f"{p or 'zero'}.ag", "all_gather", "comm", group=group, group_name="dp",
+              paradigm=p, bytes=1e6) for p in ("fsdp", "zero")]
+    for order in (ops, ops[::-1]):
+        plan = host_plan(order, cost)
+        issue = [plan.issue_s[0], plan.issue_s[1] - plan.issue_s[0]]
+        assert issue == pytest.approx([cost.host_time(op) for op in order], rel=1e-9)
+        assert issue[0] != pytest.approx(issue[1])
