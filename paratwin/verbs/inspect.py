@@ -6,7 +6,7 @@ import json
 
 from paratwin.config import job_from_cfg
 from twin.spec import ConfigError
-from twin.workload.summary import format_inspect, inspect_job
+from twin.workload.summary import format_inspect, inspect_job, memory_fixes
 
 
 def run(cfg) -> dict:
@@ -14,6 +14,9 @@ def run(cfg) -> dict:
     fmt = cfg.get("format", "text")
     if fmt not in ("text", "json"):
         raise ConfigError(f"format={fmt!r} is not one of text|json")
-    report = inspect_job(job_from_cfg(cfg))
+    job = job_from_cfg(cfg)
+    report = inspect_job(job)
+    if not report["fits_memory"]:  # what single change of the plan would make it fit
+        report["fixes"] = memory_fixes(job)
     print(json.dumps(report, indent=2) if fmt == "json" else format_inspect(report))
     return report

@@ -82,3 +82,19 @@ def test_what_if_path_needs_no_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=tmp_path, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_a_plan_that_does_not_fit_names_the_changes_that_would(tmp_path):
+    """Llama-3 70B with FSDP x TP8 on 64 H100s without SP or checkpointing is over 80 GB:
+    the report lists the single plan changes that fit (``fixes``), and the text says them."""
+    args = ("inspect", "model=llama3_70b", "cluster.num_nodes=8", "parallel=fsdp", "parallel.tp=8")
+    out = paratwin(*args, "format=json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["fits_memory"] is False and rep["fixes"]
+    assert all(f["fits"] and f["peak_memory_bytes"] <= rep["hbm_bytes"] for f in rep["fixes"])
+    assert {"parallel.sp": True} in [f["changes"] for f in rep["fixes"]]
+    text = paratwin(*args, cwd=tmp_path).stdout
+    assert "fits with parallel.sp=true (" in text
+    fits = json.loads(paratwin("inspect", "format=json", cwd=tmp_path).stdout)
+    assert fits["fits_memory"] is True and "fixes" not in fits

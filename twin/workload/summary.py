@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from twin.spec import Job
+import dataclasses
+import warnings
+
+from twin.spec import ConfigError, Job, build_job
 from twin.workload.flops import (
     layer_forward_flops,
     lm_head_gemm,
@@ -92,6 +95,78 @@ def inspect_job(job: Job) -> dict:
     }
 
 
+def _peak(job: Job) -> float:
+    return max(rank_memory(job, r).total for r in listed_ranks(job))
+
+
+def _changes(job: Job) -> list[dict]:
+    """The single plan changes that lower memory, cheapest in time first: SP under TP (the
+    same work), sharding more state over DP, selective recomputation, half the micro-batch
+    (twice the micro-batches), full recomputation."""
+    par = job.parallel
+    out: list[dict] = []
+    if par.tp > 1 and not par.sp:
+        out.append({"sp": True})
+    if par.dp > 1 and not par.legacy_dp:
+        out += [{"zero_stage": z} for z in range(par.zero_stage + 1, 4)]
+    if par.recompute == "none":
+        out.append({"recompute": "selective"})
+    if par.micro_batch_size > 1:
+        out.append({"micro_batch_size": par.micro_batch_size // 2})
+    if par.recompute != "full":
+        out.append({"recompute": "full"})
+    return out
+
+
+def memory_fixes(job: Job) -> list[dict]:
+    """For a plan that does not fit: each single change of its plan (``_changes``) that
+    fits, with the peak it leaves (``{"changes": {"parallel.FIELD": value},
+    "peak_memory_bytes": ...}``, in that order); when none does, all of them together, with
+    ``fits`` saying whether that is enough. Changes the job cannot take (build_job) are
+    skipped. Empty when the plan fits or nothing can be changed."""
+    hbm = job.cluster.hbm_bytes
+    if _peak(job) <= hbm:
+        return []
+    changes = _changes(job)
+
+    def peak_with(change: dict) -> float | None:
+        try:
+            with warnings.catch_warnings():  # the user's plan was warned about already
+                warnings.simplefilter("ignore")
+                return _peak(build_job(job.model, job.cluster,
+                                       dataclasses.replace(job.parallel, **change)))
+        except ConfigError:
+            return None
+
+    def row(change: dict, peak: float) -> dict:
+        return {"changes": {f"parallel.{k}": v for k, v in change.items()},
+                "peak_memory_bytes": peak, "fits": peak <= hbm}
+
+    fits = [row(c, peak) for c in changes if (peak := peak_with(c)) is not None and peak <= hbm]
+    if fits or not changes:
+        return fits
+    together: dict = {}
+    for c in changes:  # the last value of a field wins (zero_stage 3, recompute full)
+        together.update(c)
+    peak = peak_with(together)
+    return [] if peak is None else [row(together, peak)]
+
+
+def _fix_text(fixes: list[dict]) -> str:
+    def label(f: dict) -> str:
+        return " ".join(f"{k}={str(v).lower()}" for k, v in f["changes"].items()) \
+            + f" ({f['peak_memory_bytes'] / 1e9:.2f} GB)"
+
+    if not fixes:
+        return "no change of recompute, sp, zero_stage or micro_batch_size fits: more GPUs, or " \
+            "more tp or pp (`paratwin search` ranks every plan that fits)"
+    if fixes[0]["fits"]:
+        return "fits with " + ", or ".join(label(f) for f in fixes)
+    which = "all together" if len(fixes[0]["changes"]) > 1 else "at best"
+    return f"no change fits; {which}: {label(fixes[0])}, still over: more GPUs, or more tp or " \
+        "pp (`paratwin search` ranks every plan that fits)"
+
+
 def _si(x: float, unit: str = "") -> str:
     for div, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= div:
@@ -165,4 +240,6 @@ def format_inspect(rep: dict) -> str:
     lines.append("")
     lines.append("fits in memory: " + ("yes" if rep["fits_memory"] else
                                        "NO - see the ranks marked NO above"))
+    if "fixes" in rep:
+        lines.append("  " + _fix_text(rep["fixes"]))
     return "\n".join(lines)
