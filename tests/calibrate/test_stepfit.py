@@ -92,6 +92,28 @@ def test_the_path_retimes_ops_an_eager_factor_prices_apart(compile_):
     assert path.retime(cost, job.cluster.gpu) == pytest.approx(step, rel=2e-3)
 
 
+
+def test_the_path_prices_each_dtype_at_its_own_host_time():
+    """A profile whose FP8 GEMMs cost the host more than its bf16 ones (kernels_by_dtype): the
+    path counts issued ops per kind and dtype, so it re-times to the step (counted per kind
+    and priced at the kind's default it was 78% short at 400 us)."""
+    cl = ClusterSpec(name="h100ish", num_nodes=1, gpus_per_node=2,
+                     gpu=GPUSpec(name="g", peak_tflops={"bf16": 989.0, "fp8": 1979.0}, hbm_GB=80,
+                                 hbm_bw_GBps=3350, sm_count=132))
+    model = gpt(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4, ffn_hidden_size=1024,
+                vocab_size=512, seq_len=256)
+    job = build_job(model, cl, ParallelPlan(float8="tensorwise", global_batch_size=4))
+    cost = dataclasses.replace(TRUE, p2p_host_sync=False, kernels_by_dtype={
+        "fp8": {"gemm": dataclasses.replace(TRUE.gemm, host_us=400.0)}})
+    classes = fold_classes(job, "all")
+    sched = build_schedule(job)
+    sim = Simulation(job, {r: sched.program(r) for r in classes}, cost, SimOptions(fold="all"),
+                     classes)
+    step = sim.run()
+    path = critical_path(sim, 0.0)
+    assert path.host["gemm:fp8"] > 0 and path.host["gemm:bf16"] > 0
+    assert path.retime(cost, job.cluster.gpu) == pytest.approx(step, rel=2e-3)
+
 def test_the_fit_recovers_known_parameters_from_noisy_runs():
     jobs = _jobs()
     rng = np.random.default_rng(7)

@@ -46,6 +46,28 @@ def test_uneven_all_to_all_lasts_as_long_as_its_busiest_link():
     assert _uneven({r: [2e6] * 4 for r in range(4)}) == pytest.approx(6e6 / (BW * 1e9))
 
 
+
+def test_opposite_uneven_all_to_alls_are_planned_apart():
+    """Two uneven all-to-alls on one group, every token to peer 1, then every token to peer
+    0: the same byte sizes, opposite links. Each keeps its own plan (the planner's memo was
+    keyed on the sizes alone, and the second reused the first's links)."""
+    cl = _fast_cluster(gpus=2, bw=BW, lat=0.0)
+    job = build_job(gpt(), cl, ParallelPlan(dp=2, global_batch_size=2))
+    g = (0, 1)
+    rows = {"to1": {0: (0.0, 8e6), 1: (0.0, 0.0)}, "to0": {0: (0.0, 0.0), 1: (8e6, 0.0)}}
+    progs = {r: Program(r, [Op(name=n, kind="all_to_all", stream="comm", group=g, bytes=4e6,
+                               group_name="ep", send_splits=rows[n][r],
+                               recv_splits=tuple(rows[n][s][r] for s in g), deps=deps)
+                            for n, deps in (("to1", ()), ("to0", (0,)))]) for r in g}
+    cost = CostModel(base_latency_us=0.0, intra=LinkCost(bw_efficiency=1.0),
+                     inter=LinkCost(bw_efficiency=1.0))
+    sim = Simulation(job, progs, cost, SimOptions(), {r: [r] for r in g})
+    sim.run()
+    flows = sim.flows
+    plans = [flows._memo[flows._uneven[(g, n)]].bundles[0].resources for n in ("to1", "to0")]
+    assert plans[0] != plans[1]
+    assert any(r[0] == "out" and r[1] == 1 for r in plans[1])  # rank 1 sends the second
+
 def _moe_job(skew: float):
     moe = MoESpec(num_experts=8, experts_per_token=2, moe_ffn_hidden_size=512,
                   routing="skewed" if skew else "uniform", routing_skew=skew)

@@ -84,8 +84,8 @@ class CommModel:
         """(a, b_intra, b_inter) of one collective of ``kind`` over the ``dims`` group (e.g.
         'dp', 'tp-pp')."""
         grid, par = job.grid, job.parallel
-        key = (kind, dims, role, grid.order, grid.sizes, grid.gpus_per_node, job.cluster.name,
-               (par.ep, par.expert_tp) if dims in EXPERT_DIMS else None)
+        key = (kind, dims, role, grid.order, grid.sizes, grid.dp_shard, grid.gpus_per_node,
+               job.cluster.name, (par.ep, par.expert_tp) if dims in EXPERT_DIMS else None)
         hit = self._affine.get(key)
         if hit is not None:
             return hit

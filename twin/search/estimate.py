@@ -48,7 +48,7 @@ from twin.search.buckets import calls
 from twin.search.comm import CommModel, together_s
 from twin.search.fsdpwalk import beside, chunk_s, copy_s
 from twin.search.syncwalk import synced_pipeline_s, synced_reductions_s
-from twin.search.units import Timing, layer_classes, unit_timings
+from twin.search.units import Timing, layer_classes, unit_plan_key, unit_timings
 from twin.spec import Job
 from twin.spec.experts import expert_grid, has_expert_groups
 from twin.workload.context import dp_dims
@@ -176,8 +176,7 @@ class Estimator:
             own += (p.cp, p.cp_method, p.cp_load_balance, self.comm.shift(job, "cp"),
                     *(self.comm.split(job, k, "cp") for k in ("all_gather", "reduce_scatter",
                                                              "all_to_all")))
-        key = (job.model, p.tp, p.sp, p.micro_batch_size, p.recompute, p.flash_attention,
-               repr(job.cluster.gpu), tp, own)
+        key = (job.model, unit_plan_key(p), repr(job.cluster.gpu), tp, own)
         hit = self._units.get(key)
         if hit is None:
             hit = self._units[key] = unit_timings(job, self.cost, self.comm)

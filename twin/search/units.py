@@ -23,7 +23,7 @@ split-backward schedules; I = B - W).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from twin.cost import CostModel
 from twin.schedule.context import apply_cp
@@ -34,7 +34,7 @@ from twin.schedule.passes import LAYER, Unit
 from twin.schedule.recompute import Recompute
 from twin.schedule.tensor import TensorParallel
 from twin.search.comm import CommModel
-from twin.spec import Job
+from twin.spec import Job, ParallelPlan
 from twin.spec.experts import expert_grid
 from twin.workload.context import local_model
 from twin.workload.moe import traffic
@@ -87,6 +87,21 @@ def layer_classes(job: Job) -> dict[int, int]:
         key = traffic(moe, layer, tokens, par.ep, ep_rank) if moe.is_moe_layer(layer) else None
         out[layer] = seen.setdefault(key, layer)
     return out
+
+
+NOT_READ_BY_UNITS = frozenset({
+    "dp", "pp", "zero_stage", "dp_replicate", "dp_shard", "fsdp_reshard_after_forward",
+    "fsdp_reduce_dtype", "global_batch_size", "pp_schedule", "pp_schedule_csv",
+    "pp_virtual_stages", "pp_stage_layers", "ddp_bucket_MB", "rank_order", "legacy_dp",
+    "grad_sync", "optimizer_kernels", "float8_fsdp_all_gather"})
+"""Plan fields ``unit_ops`` never reads (the grid's groups it reads are keyed apart:
+``CommModel.split``); every other field, a new one too, keys its cache (``unit_plan_key``)."""
+_UNIT_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in NOT_READ_BY_UNITS)
+
+
+def unit_plan_key(par: ParallelPlan) -> tuple:
+    """What of a plan the units' ops depend on (the Estimator's unit cache key)."""
+    return tuple(getattr(par, f) for f in _UNIT_FIELDS)
 
 
 def unit_ops(job: Job) -> dict[str, list[Op]]:

@@ -37,9 +37,9 @@ class CriticalPath:
     compute: Counter = field(default_factory=Counter)
     """Compute op (its kind, dtype, shape, FLOPs, bytes) -> times on the path."""
     host: Counter = field(default_factory=Counter)
-    """Op kind -> ops the host issued before the op it held back ('comm' for collectives
-    and send/recv, 'comm_ranks' the collectives' group members), each in its kind's units
-    (``host_weight``)."""
+    """``KIND:DTYPE`` of a compute op -> ops the host issued before the op it held back
+    ('comm@ROLE' for collectives and send/recv, 'comm_ranks' the collectives' group members),
+    each in its kind and dtype's units (``host_weight``, priced by ``host_us``)."""
     comm_s: float = 0.0
     """Collectives on the path (measured fits: fixed while compute and host are fitted)."""
     p2p_s: float = 0.0
@@ -94,19 +94,20 @@ class CriticalPath:
 
 
 def host_us(cost: CostModel, kind: str, dtype: str = "") -> float:
-    """The host's microseconds per count of ``kind`` in ``CriticalPath.host`` (the kernel
-    fitted for ``dtype`` where the profile has one)."""
+    """The host's microseconds per count of ``kind`` in ``CriticalPath.host``: a compute op's
+    ``KIND:DTYPE`` is priced by its own dtype's kernel (``dtype`` where it names none)."""
     if kind.startswith("comm@"):  # a call on a group of that role
         return cost.comm_host_us(kind[5:])
     if kind == "comm_ranks":
         return cost.host_comm_per_rank_us
-    return cost.kernel(kind, dtype).host_us
+    kind, _, own = kind.partition(":")
+    return cost.kernel(kind, own or dtype).host_us
 
 
 def host_weight(cost: CostModel, op: Op) -> float:
-    """``op``'s host time in its kind's units (``CriticalPath.host`` counts them): 1, but for
-    an elementwise op the eager factor prices apart (a one-kernel copy, an op outside the
-    compiled blocks: CostModel.kernel_of)."""
+    """``op``'s host time in its kind and dtype's units (``CriticalPath.host`` counts them): 1,
+    but for an elementwise op the eager factor prices apart (a one-kernel copy, an op outside
+    the compiled blocks: CostModel.kernel_of)."""
     if op.kind != "elementwise":
         return 1.0
     unit = cost.kernel(op.kind, op.dtype).host_us
@@ -278,7 +279,7 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
             issued = when
             when = float(end[j]) if j >= 0 else 0.0
             for o in sim.programs[rank].ops[first: i + 1]:
-                kind = o.kind if o.is_compute else f"comm@{call_role(o)}" \
+                kind = f"{o.kind}:{o.dtype}" if o.is_compute else f"comm@{call_role(o)}" \
                     if o.is_collective or o.is_p2p else ""
                 if kind:
                     w = host_weight(sim.cost, o)

@@ -147,7 +147,7 @@ class FlowPlanner:
                              "simulated (a fold split the EP group)")
         flows = [Transfer(a, b, rows[a][j] / nbytes) for a in group
                  for j, b in enumerate(group) if a != b and rows[a][j] > 0]
-        key = ("v", group, role, tuple(f.size_bytes for f in flows))
+        key = ("v", group, role, tuple(flows))  # each flow's ends and bytes
         self._uneven[(group, name)] = key
         if key in self._memo:
             return
