@@ -195,3 +195,21 @@ def test_spans_of_a_fast_forwarded_step_are_span_of_renamed():
         moved = run.moved[r]
         got = list(rank_spans(r, run.programs[r].ops, line, 0, 0.5, moved))
         assert got == _spans_by_span_of(r, run.programs[r].ops, line, 0, 0.5, moved)
+
+
+def test_a_programs_table_is_never_another_programs(monkeypatch):
+    """A program without a template keys its OpTable by its ops list's id; ids are reused
+    once a list is freed, so the cache holds the list and checks it is the same one (with
+    every id made equal, a table of one program was served for another of its length)."""
+    from twin.cost import default_cost_model
+    from twin.schedule.ir import Program
+    from twin.sim import stepsim
+
+    job = build_job(gpt(), cluster(gpus=2), ParallelPlan(global_batch_size=2))
+    stepper = stepsim.Stepper(job, default_cost_model(job.cluster), SimOptions(), {0: [0]})
+    compute = [Op(name=f"c{i}", kind="gemm", stream="compute") for i in range(3)]
+    memory = [Op(name=f"m{i}", kind="alloc", stream="mem") for i in range(3)]
+    monkeypatch.setattr(stepsim, "id", lambda _: 7, raising=False)  # a reused id
+    first = stepper.table(Program(0, compute))
+    second = stepper.table(Program(1, memory))
+    assert first.compute.all() and not second.compute.any()

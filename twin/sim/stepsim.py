@@ -85,7 +85,7 @@ class Stepper:
         self.fast_forward = fast_forward
         self.progress = progress
         self._programs: dict[int, dict[int, Program]] = {}  # micro-batches -> programs
-        self._tables: dict[int, OpTable] = {}
+        self._tables: dict[int, tuple[list, OpTable]] = {}
         self.on_engine: Callable[[Simulation], None] | None = None
         """Called with each engine before it runs (progress reports)."""
         self.label = "step 1/1"
@@ -102,14 +102,19 @@ class Stepper:
                 if self.progress and not k % 64:
                     self.progress(k + 1, len(self.classes), "building programs")
             self._programs = {m: out}  # one job's programs at a time
+            self._tables = {}  # (and their tables: the old ops lists go with them)
         return out
 
     def table(self, prog: Program) -> OpTable:
+        """The program's OpTable, shared by the ranks of a template (their ops differ only in
+        global ranks); a program without one keys it by its ops list, held with the table so
+        that its id cannot be reused by another list meanwhile."""
         key = id(prog.ops) if prog.template is None else prog.template
-        t = self._tables.get(key)
-        if t is None or len(t.compute) != len(prog.ops):
-            t = self._tables[key] = op_table(prog.ops)
-        return t
+        hit = self._tables.get(key)
+        if hit is None or (hit[0] is not prog.ops if prog.template is None
+                           else len(hit[1].compute) != len(prog.ops)):
+            hit = self._tables[key] = (prog.ops, op_table(prog.ops))
+        return hit[1]
 
     def _engine(self, job: Job, options: SimOptions) -> Simulation:
         programs = self.programs(job)
