@@ -41,10 +41,13 @@ def test_every_change_that_fits_is_listed_with_its_peak_and_no_other():
     hbm = job.cluster.hbm_bytes
     listed = [f["changes"] for f in fixes]
     assert fixes and all(f["fits"] for f in fixes)
+    zero_listed = False
     for change in _changes(job):
         changes = {f"parallel.{k}": v for k, v in change.items()}
         peak = _peak(_rebuilt(job, changes))
-        assert (changes in listed) == (peak <= hbm)
+        expected = peak <= hbm and not ("zero_stage" in change and zero_listed)
+        assert (changes in listed) == expected
+        zero_listed |= expected and "zero_stage" in change
         if changes in listed:
             assert fixes[listed.index(changes)]["peak_memory_bytes"] == pytest.approx(peak)
     assert 0 < len(listed) < len(_changes(job))  # some fit, some do not: both sides checked
@@ -70,3 +73,28 @@ def test_the_text_names_the_fix():
     assert f"fits with {field}={str(value).lower()} (" in text
     rep["fixes"] = memory_fixes(_tight(job, 0.2))
     assert "no change fits; all together: " in format_inspect(rep)
+
+
+def test_of_the_zero_stages_that_fit_the_lowest_is_named():
+    job = _tight(_job(tp=2, micro_batch_size=2), 0.985)
+    zeros = [f["changes"]["parallel.zero_stage"] for f in memory_fixes(job)
+             if "parallel.zero_stage" in f["changes"]]
+    fitting = [c["zero_stage"] for c in _changes(job) if "zero_stage" in c
+               and _peak(_rebuilt(job, {"parallel.zero_stage": c["zero_stage"]}))
+               <= job.cluster.hbm_bytes]
+    assert len(fitting) >= 2 and zeros == [min(fitting)]
+
+
+def test_a_change_the_plan_cannot_take_is_left_out_of_the_combination():
+    """Experts sharded over EP refuse ZeRO-3 (build_job): with nothing fitting, all the other
+    changes are still tried together."""
+    from twin.spec.moe import MoESpec
+
+    moe = MoESpec(num_experts=4, experts_per_token=2, moe_ffn_hidden_size=512)
+    model = dataclasses.replace(gpt(activation="swiglu", moe=moe), seq_len=8192)
+    job = build_job(model, cluster(), ParallelPlan(ep=2, global_batch_size=16, micro_batch_size=2))
+    job = _tight(job, 0.2)
+    fixes = memory_fixes(job)
+    assert len(fixes) == 1 and not fixes[0]["fits"]
+    assert fixes[0]["changes"]["parallel.zero_stage"] == 2
+    assert fixes[0]["changes"]["parallel.recompute"] == "full"

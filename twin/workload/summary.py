@@ -121,9 +121,10 @@ def _changes(job: Job) -> list[dict]:
 def memory_fixes(job: Job) -> list[dict]:
     """For a plan that does not fit: each single change of its plan (``_changes``) that
     fits, with the peak it leaves (``{"changes": {"parallel.FIELD": value},
-    "peak_memory_bytes": ...}``, in that order); when none does, all of them together, with
-    ``fits`` saying whether that is enough. Changes the job cannot take (build_job) are
-    skipped. Empty when the plan fits or nothing can be changed."""
+    "peak_memory_bytes": ...}``, in that order; of the ZeRO stages the lowest that fits);
+    when none does, all of them together, with ``fits`` saying whether that is enough.
+    Changes the job cannot take (build_job) are left out. Empty when the plan fits or
+    nothing can be changed."""
     hbm = job.cluster.hbm_bytes
     if _peak(job) <= hbm:
         return []
@@ -142,11 +143,16 @@ def memory_fixes(job: Job) -> list[dict]:
         return {"changes": {f"parallel.{k}": v for k, v in change.items()},
                 "peak_memory_bytes": peak, "fits": peak <= hbm}
 
-    fits = [row(c, peak) for c in changes if (peak := peak_with(c)) is not None and peak <= hbm]
-    if fits or not changes:
+    legal = [(c, peak) for c in changes if (peak := peak_with(c)) is not None]
+    fits, fields = [], set()
+    for c, peak in legal:  # of the ZeRO stages that fit, the lowest (the least traffic)
+        if peak <= hbm and not ("zero_stage" in c and "zero_stage" in fields):
+            fits.append(row(c, peak))
+            fields.update(c)
+    if fits or not legal:
         return fits
     together: dict = {}
-    for c in changes:  # the last value of a field wins (zero_stage 3, recompute full)
+    for c, _ in legal:  # the last value of a field wins (zero_stage 3, recompute full)
         together.update(c)
     peak = peak_with(together)
     return [] if peak is None else [row(together, peak)]
