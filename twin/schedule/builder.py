@@ -68,7 +68,12 @@ def symmetric_shifts(job: Job) -> dict[str, tuple[Shift, ...]]:
         n = grid.size(axis)
         if n == 1 or (axis == "dp" and par.legacy_dp):
             continue
-        if not expert:
+        if not expert and axis == "dp" and grid.dp_shard not in (None, n):  # HSDP: its digits
+            stride, shard = grid.rank(dp=1), grid.dp_shard  # (a rotation of the whole axis
+            out[axis] = tuple(s for s in (Shift("dp", 1, shard, stride),  # moves shard groups
+                                          Shift("dp", shard, n // shard, stride * shard))
+                              if s.size > 1)  # onto no shard group)
+        elif not expert:
             out[axis] = (Shift(axis, 1, n, grid.rank(**{axis: 1})),)
         elif not (axis == "dp" and grid.dp_shard not in (None, n)):  # HSDP: not modelled
             shifts = _expert_shifts(job, axis)

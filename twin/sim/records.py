@@ -103,7 +103,10 @@ def exact_shifts(job: Job, algorithm: str = "auto") -> tuple[Shift, ...]:
       are then only preserved by the hierarchical algorithm (``algorithm`` auto), whose
       rings run inside each node and across nodes by position;
 
-    and, inside a node, a step moves whole NIC blocks (or stays inside one). Legacy DP's
+    and, inside a node, a step moves whole NIC blocks (or stays inside one). Async TP's ring
+    of send/recv is never folded: a folded peer is taken to be there already, so a send that
+    waits for its peer's recv would not wait (and across nodes the ring's links differ per
+    rank). Legacy DP's
     device 0 differs from the other replicas: never folded. Under expert parallelism an axis
     may have a shift per expert digit it holds (symmetric_shifts): it is exact when each is."""
     c = job.cluster
@@ -119,8 +122,9 @@ def exact_shifts(job: Job, algorithm: str = "auto") -> tuple[Shift, ...]:
             algorithm in ("auto", "hierarchical") and gpn % s == 0 and (s * n) % gpn == 0
             and inside(s, gpn))
 
-    return tuple(s for shifts in symmetric_shifts(job).values()
-                 if all(exact(s.stride, s.size) for s in shifts) for s in shifts)
+    return tuple(s for axis, shifts in symmetric_shifts(job).items()
+                 if not (axis == "tp" and job.parallel.async_tp)
+                 and all(exact(s.stride, s.size) for s in shifts) for s in shifts)
 
 
 def exact_axes(job: Job, algorithm: str = "auto") -> tuple[str, ...]:
@@ -144,6 +148,16 @@ def unfolded_note(job: Job, algorithm: str = "auto") -> str | None:
     if not left:
         return None
     shifts = symmetric_shifts(job)
+    if job.parallel.async_tp and "tp" in left:
+        ring = "fold=auto leaves tp unfolded: async TP's send/recv ring waits on every peer"
+        left = [a for a in left if a != "tp"]
+        if not left:
+            return ring
+        return ring + "; " + _unfolded(job, left, exact, shifts)
+    return _unfolded(job, left, exact, shifts)
+
+
+def _unfolded(job: Job, left: list[str], exact, shifts) -> str:
     stuck = [a for a in left if a not in shifts]
     linked = [a for a in left if a in shifts]
     links = (f"moving a rank along {'them' if len(linked) > 1 else 'it'} changes the links "
