@@ -77,6 +77,8 @@ def symmetric_shifts(job: Job) -> dict[str, tuple[Shift, ...]]:
             out[axis] = (Shift(axis, 1, n, grid.rank(**{axis: 1})),)
         elif not (axis == "dp" and grid.dp_shard not in (None, n)):  # HSDP: not modelled
             shifts = _expert_shifts(job, axis)
+            if axis == "tp" and par.async_tp:  # its send/recv ring is in tp order: only a
+                shifts = tuple(s for s in shifts if s.size == n)  # whole rotation keeps it
             if shifts:
                 out[axis] = shifts
     return out

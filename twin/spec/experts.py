@@ -12,6 +12,9 @@ RankGenerator orders the expert ranks tp-ep-dp-pp:
 So ETP is not TP (etp=1 with tp=2 puts TP peers in one EP group), EP takes ranks from DP
 (and from TP when etp < tp), and the expert gradients are reduced over EDP: the ranks
 holding the same experts, edp = tp * cp * dp / (etp * ep), not over the dense DP group.
+With ep = 1 and etp = tp the experts are sharded as the dense MLP, on the TP groups with
+their gradients reduced over cp x dp, whatever the rank order (read as above, a rank order
+with dp inside tp would give them groups of dp peers instead; has_expert_groups is false).
 """
 
 from __future__ import annotations
@@ -48,8 +51,16 @@ class ExpertGrid:
             n *= self.grid.size(d)
         return n
 
+    @cached_property
+    def dense(self) -> bool:
+        """ep = 1 and etp = tp: the experts live on the dense groups (module docstring)."""
+        return self.ep == 1 and self.etp == self.grid.size("tp")
+
     def coords(self, rank: int) -> dict[str, int]:
         """{'etp': ..., 'ep': ..., 'edp': ...} of a global rank."""
+        if self.dense:
+            return {"etp": self.grid.coord(rank, "tp"), "ep": 0,
+                    "edp": self.grid.group_rank(rank, ("cp", "dp"))}
         i = self.grid.group_rank(rank, STAGE_DIMS)
         return {"etp": i % self.etp, "ep": i // self.etp % self.ep,
                 "edp": i // (self.etp * self.ep)}
@@ -57,6 +68,9 @@ class ExpertGrid:
     def group(self, rank: int, dim: str) -> tuple[int, ...]:
         """The ranks sharing every expert coordinate of ``rank`` but ``dim`` (etp, ep or
         edp), in the order of ``dim``'s coordinate (its index is the group rank)."""
+        if self.dense:
+            return self.grid.group(rank, {"etp": "tp", "edp": ("cp", "dp")}[dim]) \
+                if dim != "ep" else (rank,)
         stage = self.grid.group(rank, STAGE_DIMS)  # index = stage-local index
         c = self.coords(rank)
         stride = {"etp": 1, "ep": self.etp, "edp": self.etp * self.ep}
