@@ -16,6 +16,7 @@ from twin.sim.engine import SimOptions
 from twin.sim.records import auto_fold, unfolded_note
 from twin.sim.run import simulate
 from twin.spec import ParallelPlan, build_job
+from twin.spec.errors import ConfigError
 
 
 def _summaries(job, cost=None):
@@ -50,3 +51,12 @@ def test_async_tp_is_not_folded_along_tp(nodes, gpn):
     full, folded = _summaries(job, cost)
     assert folded["step_time_s"] == full["step_time_s"]
     assert folded["exposed_comm_s"] == full["exposed_comm_s"]
+
+
+@pytest.mark.parametrize("fold", ["tp", "all"])
+def test_an_explicit_fold_along_tp_under_async_tp_is_refused(fold):
+    job = build_job(gpt(num_layers=1, hidden_size=128, seq_len=64), _cluster(1, 4, 4),
+                    ParallelPlan(tp=2, sp=True, async_tp=True, compile=True, global_batch_size=2))
+    with pytest.raises(ConfigError, match=f"fold={fold} cannot fold async TP along tp"):
+        simulate(job, None, SimOptions(fold=fold), trace="none")
+    assert simulate(job, None, SimOptions(fold="dp"), trace="none").summary["simulated_ranks"] == 2

@@ -57,8 +57,8 @@ def folded_shifts(job: Job, fold: str) -> tuple[Shift, ...]:
     """The shifts ``fold`` simulates once: each of its axes's symmetric shifts (the whole axis
     for a dense plan; under expert parallelism the moves that keep expert groups and token
     counts, twin.schedule.builder.symmetric_shifts). ConfigError for legacy DP (device 0
-    differs) and for an expert-parallel axis no shift keeps; auto: those ``exact_axes`` allows
-    (what-ifs aside: ``twin.sim.run.resolve_options``)."""
+    differs), async TP along tp (its ring) and for an expert-parallel axis no shift keeps;
+    auto: those ``exact_axes`` allows (what-ifs aside: ``twin.sim.run.resolve_options``)."""
     if fold == "auto":
         fold = auto_fold(job)
     if fold not in FOLD_AXES:
@@ -67,6 +67,10 @@ def folded_shifts(job: Job, fold: str) -> tuple[Shift, ...]:
     if job.parallel.legacy_dp and "dp" in dims:
         raise ConfigError(f"fold={fold} cannot fold legacy DP: device 0 differs from the "
                           "others; use fold=none (or fold=tp)")
+    if job.parallel.async_tp and "tp" in dims and job.grid.size("tp") > 1:
+        raise ConfigError(f"fold={fold} cannot fold async TP along tp: its send/recv ring "
+                          "waits on every TP peer, which a folded peer does not; use "
+                          f"fold={'dp' if fold == 'all' else 'none'} or auto")
     shifts = symmetric_shifts(job)
     stuck = [d for d in dims if job.grid.size(d) > 1 and d not in shifts]
     if stuck:
