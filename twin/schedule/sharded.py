@@ -199,12 +199,13 @@ class FSDP(Pass):
             rs = self.b.collective(c, f"{prefix}grad.rs", "reduce_scatter", self.group,
                                    self.role, self._reduced_bytes(unit), [copy_in],
                                    stream="comm", dtype=self.reduce_dtype)
+            reduced = copy_in if rs is None else rs  # (a shard group of one: no scatter)
             self.issued.append(rs)
             if len(self.replicate) > 1:  # FSDP2's all_reduce_stream: the shard across replicas
                 self.issued.append(self.b.collective(
                     c, f"{prefix}grad.ar", "all_reduce", self.replicate,
-                    "dp_replicate", self._reduced_bytes(unit) / len(self.group), [rs],
+                    "dp_replicate", self._reduced_bytes(unit) / len(self.group), [reduced],
                     stream="comm.ar", dtype=self.reduce_dtype))
             opened = self.grad_open.pop(unit)
-            self.b.free(c, f"grad.{unit}.mb{opened}", "grads", self._bytes(unit), [rs])
+            self.b.free(c, f"grad.{unit}.mb{opened}", "grads", self._bytes(unit), [reduced])
         self._release(ctx, unit, done)
