@@ -16,7 +16,6 @@ from twin.sim.engine import SimOptions
 from twin.sim.records import auto_fold, unfolded_note
 from twin.sim.run import simulate
 from twin.spec import ParallelPlan, build_job
-from twin.spec.errors import ConfigError
 
 
 def _summaries(job, cost=None):
@@ -41,22 +40,29 @@ def test_hsdp_folds_by_its_shard_and_replica_digits(nodes, gpn, nics, rep):
     assert folded["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9)
 
 
-@pytest.mark.parametrize("nodes,gpn", [(1, 2), (2, 2)])
-def test_async_tp_is_not_folded_along_tp(nodes, gpn):
+@pytest.mark.parametrize("nodes,gpn,tp,dp", [(1, 2, 2, 1), (1, 8, 4, 2), (1, 8, 8, 1),
+                                            (2, 4, 4, 2), (4, 2, 2, 4)])
+def test_async_tp_folds_along_tp_exactly(nodes, gpn, tp, dp):
+    # a send to a folded TP peer meets the representative's own recv of the same tag (the
+    # peer's side, by symmetry): taken as there already, the ring's sends never waited
+    # (exposed tp communication 1.59e-4 vs 2.61e-4 s)
     cost = CostModel.load(CONF_DIR / "profiles" / "dgx_h100.yaml")
-    tp = nodes * gpn
-    job = build_job(gpt(num_layers=1, hidden_size=128, seq_len=64), _cluster(nodes, gpn, gpn),
-                    ParallelPlan(tp=tp, sp=True, async_tp=True, compile=True, global_batch_size=1))
-    assert auto_fold(job) == "none" and "async TP" in unfolded_note(job)
+    job = build_job(gpt(num_layers=2, hidden_size=128, seq_len=64), _cluster(nodes, gpn, gpn),
+                    ParallelPlan(tp=tp, sp=True, async_tp=True, compile=True,
+                                 global_batch_size=2 * dp))
+    assert "tp" in auto_fold(job) or auto_fold(job) == "all"
+    full, folded = _summaries(job, cost)
+    assert folded["simulated_ranks"] == nodes * gpn // tp // (dp if auto_fold(job) == "all" else 1)
+    assert folded["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-12)
+    assert folded["exposed_comm_s"] == pytest.approx(full["exposed_comm_s"], rel=1e-9)
+    assert folded["critical_path_s"] == pytest.approx(full["critical_path_s"], rel=1e-9)
+
+
+def test_async_tp_across_nodes_is_not_folded_along_tp():
+    # tp=4 over two nodes of two: the ring's links differ per rank (two cross the nodes)
+    cost = CostModel.load(CONF_DIR / "profiles" / "dgx_h100.yaml")
+    job = build_job(gpt(num_layers=1, hidden_size=128, seq_len=64), _cluster(2, 2, 2),
+                    ParallelPlan(tp=4, sp=True, async_tp=True, compile=True, global_batch_size=1))
+    assert auto_fold(job) == "none" and "changes the links" in unfolded_note(job)
     full, folded = _summaries(job, cost)
     assert folded["step_time_s"] == full["step_time_s"]
-    assert folded["exposed_comm_s"] == full["exposed_comm_s"]
-
-
-@pytest.mark.parametrize("fold", ["tp", "all"])
-def test_an_explicit_fold_along_tp_under_async_tp_is_refused(fold):
-    job = build_job(gpt(num_layers=1, hidden_size=128, seq_len=64), _cluster(1, 4, 4),
-                    ParallelPlan(tp=2, sp=True, async_tp=True, compile=True, global_batch_size=2))
-    with pytest.raises(ConfigError, match=f"fold={fold} cannot fold async TP along tp"):
-        simulate(job, None, SimOptions(fold=fold), trace="none")
-    assert simulate(job, None, SimOptions(fold="dp"), trace="none").summary["simulated_ranks"] == 2

@@ -73,17 +73,18 @@ def test_host_plan_is_the_one_loop_over_every_op(name):
                                   "moe ep2", "async tp", "ddp"])
 def test_members_and_predecessors_are_the_tables_built_up_front(name):
     job = _job(name)
-    fold = "dp" if job.parallel.async_tp else "all"  # (async TP's ring is not foldable)
-    classes = fold_classes(job, fold)
+    classes = fold_classes(job, "all")
     schedule = build_schedule(job)
     sim = Simulation(job, {r: schedule.program(r) for r in classes},
-                     default_cost_model(job.cluster), SimOptions(fold=fold), classes)
+                     default_cost_model(job.cluster), SimOptions(fold="all"), classes)
     sim.run()
     members: dict[tuple, list] = {}  # critical_path's tables as they were
     for r, prog in sim.programs.items():
         for k, op in enumerate(prog.ops):
             if op.is_collective:
                 members.setdefault(("c", op.group, op.name), []).append((r, k))
+            elif op.is_p2p and op.peer not in sim.programs:  # its mirror (sendrecv.py)
+                members.setdefault(("m", r, op.tag), []).append((r, k))
             elif op.is_p2p:
                 src, dst = (r, op.peer) if op.kind == "send" else (op.peer, r)
                 members.setdefault(("p", src, dst, op.tag), []).append((r, k))
@@ -97,6 +98,8 @@ def test_members_and_predecessors_are_the_tables_built_up_front(name):
             assert _before(st, op, k) == prev.get(k)
             if op.is_collective:
                 assert calls.members(r, op) == members[("c", op.group, op.name)]
+            elif op.is_p2p and op.peer not in sim.programs:
+                assert calls.members(r, op) == members[("m", r, op.tag)]
             elif op.is_p2p:
                 src, dst = (r, op.peer) if op.kind == "send" else (op.peer, r)
                 assert calls.members(r, op) == members[("p", src, dst, op.tag)]

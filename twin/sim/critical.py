@@ -155,6 +155,8 @@ class _Calls:
             for k in [k for k, op in enumerate(ops) if op.kind in _CALLS]:
                 op = ops[k]
                 index[op.name if op.kind in _COLLECTIVES else (op.kind, op.peer, op.tag)] = k
+                if op.kind not in _COLLECTIVES and op.peer not in self._order:
+                    index[("mirror", op.kind, op.tag)] = k  # (twin.sim.sendrecv)
         return index
 
     def members(self, rank: int, op: Op) -> list[tuple[int, int]]:
@@ -170,6 +172,8 @@ class _Calls:
             src, dst = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
             for m, side in ((src, ("send", dst, op.tag)), (dst, ("recv", src, op.tag))):
                 k = self._of(m).get(side) if m in self._order else None
+                if k is None and m == op.peer:  # a folded peer: this rank's mirror side
+                    m, k = rank, self._of(rank).get(("mirror", side[0], op.tag))
                 if k is not None:
                     found.append((m, k))
         return sorted(found, key=lambda m: (self._order[m[0]], m[1]))

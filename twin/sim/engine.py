@@ -81,6 +81,7 @@ class Simulation:
         self.end: dict[int, np.ndarray] = {r: [0.0] * len(p.ops) for r, p in programs.items()}
         self._rv: dict[RendezvousKey, Rendezvous] = {}
         self._pairs: dict[PairKey, P2PPair] = {}
+        self._mirrors: dict[int, set[tuple[str, str]]] = {}  # (sendrecv.has_mirror)
         self._structures: dict[tuple[str, int], Structure] = {}
         self.core_share = job.cluster.cores_per_node is not None and cost.core_share
         self._core_weights: dict[int, tuple[float]] = {}

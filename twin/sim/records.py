@@ -14,7 +14,7 @@ from twin.spec import ConfigError, Job
 
 RendezvousKey = tuple[tuple[int, ...], str]
 """A collective's rendezvous: (its group's ranks, the op's name)."""
-PairKey = tuple[int, int, str]
+PairKey = tuple  # (src, dst, tag), or ("mirror", rank, tag) (SendRecv.arrive)
 """A send/recv pair: (src, dst, tag)."""
 
 
@@ -57,8 +57,8 @@ def folded_shifts(job: Job, fold: str) -> tuple[Shift, ...]:
     """The shifts ``fold`` simulates once: each of its axes's symmetric shifts (the whole axis
     for a dense plan; under expert parallelism the moves that keep expert groups and token
     counts, twin.schedule.builder.symmetric_shifts). ConfigError for legacy DP (device 0
-    differs), async TP along tp (its ring) and for an expert-parallel axis no shift keeps;
-    auto: those ``exact_axes`` allows (what-ifs aside: ``twin.sim.run.resolve_options``)."""
+    differs) and for an expert-parallel axis no shift keeps; auto: those ``exact_axes``
+    allows (what-ifs aside: ``twin.sim.run.resolve_options``)."""
     if fold == "auto":
         fold = auto_fold(job)
     if fold not in FOLD_AXES:
@@ -67,10 +67,6 @@ def folded_shifts(job: Job, fold: str) -> tuple[Shift, ...]:
     if job.parallel.legacy_dp and "dp" in dims:
         raise ConfigError(f"fold={fold} cannot fold legacy DP: device 0 differs from the "
                           "others; use fold=none (or fold=tp)")
-    if job.parallel.async_tp and "tp" in dims and job.grid.size("tp") > 1:
-        raise ConfigError(f"fold={fold} cannot fold async TP along tp: its send/recv ring "
-                          "waits on every TP peer, which a folded peer does not; use "
-                          f"fold={'dp' if fold == 'all' else 'none'} or auto")
     shifts = symmetric_shifts(job)
     stuck = [d for d in dims if job.grid.size(d) > 1 and d not in shifts]
     if stuck:
@@ -105,14 +101,14 @@ def exact_shifts(job: Job, algorithm: str = "auto") -> tuple[Shift, ...]:
     - or it spans whole nodes with g / s of its ranks on each (s divides g, g divides s n),
       relabelled as a move of whole nodes and a rotation inside each node; its groups' rings
       are then only preserved by the hierarchical algorithm (``algorithm`` auto), whose
-      rings run inside each node and across nodes by position;
+      rings run inside each node and across nodes by position (not async TP's send/recv
+      ring along tp: its links differ per rank there);
 
-    and, inside a node, a step moves whole NIC blocks (or stays inside one). Async TP's ring
-    of send/recv is never folded: a folded peer is taken to be there already, so a send that
-    waits for its peer's recv would not wait (and across nodes the ring's links differ per
-    rank). Legacy DP's
-    device 0 differs from the other replicas: never folded. Under expert parallelism an axis
-    may have a shift per expert digit it holds (symmetric_shifts): it is exact when each is."""
+    and, inside a node, a step moves whole NIC blocks (or stays inside one). A send/recv to a
+    folded copy meets the representative's own opposite side of the same tag
+    (twin.sim.sendrecv). Legacy DP's device 0 differs from the other replicas: never folded.
+    Under expert parallelism an axis may have a shift per expert digit it holds
+    (symmetric_shifts): it is exact when each is."""
     c = job.cluster
     gpn = c.gpus_per_node
     per_nic = max(1, gpn // max(1, c.inter.nics_per_node))
@@ -121,14 +117,15 @@ def exact_shifts(job: Job, algorithm: str = "auto") -> tuple[Shift, ...]:
         return gpn % block == 0 and gpn % per_nic == 0 and (
             step % per_nic == 0 or (block <= per_nic and per_nic % block == 0))
 
-    def exact(s: int, n: int) -> bool:
+    def exact(s: int, n: int, rings: bool = True) -> bool:
         return s % gpn == 0 or (s * n <= gpn and inside(s, s * n)) or (
-            algorithm in ("auto", "hierarchical") and gpn % s == 0 and (s * n) % gpn == 0
-            and inside(s, gpn))
+            rings and algorithm in ("auto", "hierarchical") and gpn % s == 0
+            and (s * n) % gpn == 0 and inside(s, gpn))
 
+    ring = job.parallel.async_tp  # tp's send/recv ring: no hierarchical relabelling
     return tuple(s for axis, shifts in symmetric_shifts(job).items()
-                 if not (axis == "tp" and job.parallel.async_tp)
-                 and all(exact(s.stride, s.size) for s in shifts) for s in shifts)
+                 if all(exact(s.stride, s.size, not (ring and axis == "tp")) for s in shifts)
+                 for s in shifts)
 
 
 def exact_axes(job: Job, algorithm: str = "auto") -> tuple[str, ...]:
@@ -151,14 +148,7 @@ def unfolded_note(job: Job, algorithm: str = "auto") -> str | None:
             and not (a == "dp" and job.parallel.legacy_dp)]
     if not left:
         return None
-    shifts = symmetric_shifts(job)
-    if job.parallel.async_tp and "tp" in left:
-        ring = "fold=auto leaves tp unfolded: async TP's send/recv ring waits on every peer"
-        left = [a for a in left if a != "tp"]
-        if not left:
-            return ring
-        return ring + "; " + _unfolded(job, left, exact, shifts)
-    return _unfolded(job, left, exact, shifts)
+    return _unfolded(job, left, exact, symmetric_shifts(job))
 
 
 def _unfolded(job: Job, left: list[str], exact, shifts) -> str:
@@ -241,8 +231,8 @@ class P2PPair:
     """A send/recv pair waiting for its two sides."""
 
     waiters: list
-    """The callbacks of the sides that have reached it, called when the transfer completes
-    (it starts at two, or at one when the peer is folded)."""
+    """(src, dst, op, callback) of the sides that have reached it, each called when its
+    transfer completes (it starts at two, or at one when the peer is folded: SendRecv)."""
 
 
 class Structure(NamedTuple):

@@ -60,18 +60,28 @@ class SendRecv:
         self.arrive()
 
     def arrive(self, _e=None) -> None:
-        """Meet the peer (a folded peer is there already); the second side starts it."""
+        """Meet the peer; the second side starts the transfer. A folded peer is a copy of
+        this rank, so it reaches its side of the pair when this rank reaches the same side
+        of its own pair with the same tag (its mirror: a ring's recv for its send), and that
+        one meets the mirror instead, each then starting its own transfer; a folded peer
+        without a mirror is there already."""
         sim, op, rank = self.sim, self.op, self.rank
         src, dst = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
-        key = (src, dst, op.tag)
         sim.start[rank][self.i] = sim.env.now
+        folded = op.peer not in sim.simulated
+        key = ("mirror", rank, op.tag) if folded and has_mirror(sim, rank, op) \
+            else (src, dst, op.tag)
         pair = sim._pairs.get(key)
         if pair is None:
             pair = sim._pairs[key] = P2PPair([])
-        pair.waiters.append(self.done)
-        if len(pair.waiters) == 2 or (op.peer not in sim.simulated):
+        pair.waiters.append((src, dst, op, self.done))
+        if len(pair.waiters) == 2 or (folded and key[0] != "mirror"):
             del sim._pairs[key]
-            transfer(sim, src, dst, op, pair.waiters)
+            if key[0] == "mirror":
+                for s, d, o, w in pair.waiters:
+                    transfer(sim, s, d, o, [w])
+            else:
+                transfer(sim, src, dst, op, [w for *_, w in pair.waiters])
 
     def done(self, _e) -> None:
         sim = self.sim
@@ -79,6 +89,17 @@ class SendRecv:
         sim.events += 2
         if self.i in self.external:
             fire(self.evs[self.i])
+
+
+def has_mirror(sim, rank: int, op: Op) -> bool:
+    """Whether ``rank`` has the opposite side (recv for a send) of ``op``'s tag with a
+    folded peer too (SendRecv.arrive)."""
+    sides = sim._mirrors.get(rank)
+    if sides is None:
+        sides = sim._mirrors[rank] = {
+            (o.kind, o.tag) for o in sim.programs[rank].ops
+            if o.kind in ("send", "recv") and o.peer not in sim.simulated}
+    return ("recv" if op.kind == "send" else "send", op.tag) in sides
 
 
 def transfer(sim, src: int, dst: int, op: Op, waiters: list) -> None:
