@@ -1,0 +1,135 @@
+"""Differential fuzz of the twin's exact speed-ups: random plans, each simulated twice, as
+`paratwin simulate` runs it (fold=auto, fast_forward=true) and with every rank and
+micro-batch (fold=none, fast_forward=false); the step time and every rank's peak memory must
+agree (to 1e-9 relative: both are exact, so only float rounding may differ).
+
+    python benchmarks/fold_fuzz.py [--seed 1] [--plans 300] [--async-share 0.3]
+
+Plans: small GPT or MoE models on 1-16 nodes of 2-8 GPUs (one NIC per node or one per GPU),
+tp, pp, cp, dp, ZeRO 0-3 and HSDP, every pipeline schedule, recompute, five rank orders,
+torch.compile, async TP, EP with etp, uniform or skewed routing, on the generic defaults or
+the dgx_h100 / dgx_a100 profiles. Prints how many were simulated, folded and fast-forwarded,
+the errors (an exception other than a config the plan cannot run) and every mismatch; exits
+1 if there is any. Found so far: HSDP folded as one rotation of dp, async TP's ring under a
+fold, MoE templates under async TP and with etp = tp and dp inside tp, HSDP with a shard
+group of one (its replica all-reduce had no dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from paratwin.config import CONF_DIR, preset_cluster  # noqa: E402
+from twin.cost import CostModel  # noqa: E402
+from twin.sim.engine import SimOptions  # noqa: E402
+from twin.sim.run import simulate  # noqa: E402
+from twin.spec import ModelSpec, ParallelPlan, build_job  # noqa: E402
+from twin.spec.errors import ConfigError  # noqa: E402
+from twin.spec.moe import MoESpec  # noqa: E402
+
+ORDERS = ("tp-cp-pp-dp", "tp-cp-pp-dp", "dp-tp-cp-pp", "tp-dp-cp-pp", "pp-tp-cp-dp")
+SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb_h1", "zb_v", "dualpipev")
+SHAPES = ((1, 8), (2, 4), (4, 2), (2, 2), (1, 4), (4, 4), (8, 8), (2, 8), (16, 2))
+
+
+def random_job(rng: random.Random, async_share: float):
+    """(job, profile name or None, description) of one random plan (None: not runnable)."""
+    nodes, gpn = rng.choice(SHAPES)
+    nics = rng.choice((1, gpn))
+    moe = rng.random() < 0.25
+    kw = dict(name="fuzz", num_layers=rng.choice((2, 4, 8)), hidden_size=128, num_heads=8,
+              num_kv_heads=rng.choice((8, 2)), ffn_hidden_size=512, vocab_size=1000,
+              seq_len=rng.choice((64, 128)), activation="gelu", dtype="bf16")
+    if moe:
+        routing = rng.choice((dict(routing="uniform"), dict(routing="skewed", routing_skew=0.5)))
+        kw.update(activation="swiglu", moe=MoESpec(num_experts=8, experts_per_token=2,
+                                                   moe_ffn_hidden_size=256, first_k_dense=1,
+                                                   **routing))
+    tp, pp, cp = rng.choice((1, 2, 4)), rng.choice((1, 2, 4)), 1 if moe else rng.choice((1, 1, 2))
+    world = nodes * gpn
+    if world % (tp * pp * cp):
+        return None
+    dp = world // (tp * pp * cp)
+    sched = rng.choice(SCHEDULES) if pp > 1 else "1f1b"
+    per_pipe = rng.choice((1, 2, 4, 8, 16, 32)) * (pp if sched == "interleaved" else 1)
+    plan = dict(tp=tp, pp=pp, cp=cp, sp=tp > 1 and rng.random() < 0.8,
+                zero_stage=rng.choice((0, 1, 2, 3)), pp_schedule=sched,
+                pp_virtual_stages=2 if sched == "interleaved" else 1,
+                global_batch_size=dp * per_pipe, recompute=rng.choice(("none", "selective", "full")),
+                rank_order=rng.choice(ORDERS), compile=rng.random() < 0.3)
+    if plan["zero_stage"] == 3 and dp % 2 == 0 and rng.random() < 0.4:
+        plan["dp_replicate"] = 2
+    if plan["sp"] and rng.random() < async_share:
+        plan.update(async_tp=True, compile=True)
+    if moe:
+        plan.update(ep=rng.choice((1, 2, 4)), etp=rng.choice((None, 1)))
+    cluster = preset_cluster(rng.choice(("dgx_h100", "dgx_a100")))
+    cluster = dataclasses.replace(cluster, num_nodes=nodes, gpus_per_node=gpn,
+                                  inter=dataclasses.replace(cluster.inter, nics_per_node=nics))
+    profile = rng.choice((None, "dgx_h100", "dgx_a100"))
+    try:
+        job = build_job(ModelSpec(**kw), cluster, ParallelPlan(**plan))
+    except (ConfigError, ValueError):
+        return None
+    what = (f"{nodes}x{gpn} GPUs, {nics} NIC(s)/node, {'MoE' if moe else 'dense'}, "
+            f"profile {profile or 'defaults'}: {plan}")
+    return job, profile, what
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--plans", type=int, default=300)
+    ap.add_argument("--async-share", type=float, default=0.3,
+                    help="chance that a plan with SP runs async TP")
+    args = ap.parse_args()
+    warnings.simplefilter("ignore")
+    rng = random.Random(args.seed)
+    profiles = {n: CostModel.load(CONF_DIR / "profiles" / f"{n}.yaml")
+                for n in ("dgx_h100", "dgx_a100")}
+    done = folded = forwarded = 0
+    errors, mismatches = [], []
+    t0 = time.perf_counter()
+    while done < args.plans:
+        got = random_job(rng, args.async_share)
+        if got is None:
+            continue
+        job, profile, what = got
+        cost = profiles.get(profile)
+        try:
+            full, fast = (simulate(job, cost, SimOptions(fold=f, fast_forward=ff),
+                                   trace="none").summary
+                          for f, ff in (("none", False), ("auto", True)))
+        except ConfigError:  # (what the plan cannot run, past build_job: the work budget)
+            continue
+        except Exception as e:  # noqa: BLE001 - reported, the fuzz goes on
+            errors.append(f"{type(e).__name__}: {str(e)[:200]} ({what})")
+            done += 1
+            continue
+        done += 1
+        folded += fast["simulated_ranks"] < job.grid.world_size
+        forwarded += bool(fast["fast_forward"])
+        rel = fast["step_time_s"] / full["step_time_s"] - 1
+        peaks = fast["peak_memory_bytes"]
+        if abs(rel) > 1e-9 or any(full["peak_memory_bytes"][r] != peaks[r] for r in peaks):
+            mismatches.append(f"step {rel:+.2e} ({what})")
+        if done % 50 == 0:
+            print(f"  {done} plans, {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"{done} plans (seed {args.seed}): {folded} folded, {forwarded} fast-forwarded, "
+          f"{len(errors)} errors, {len(mismatches)} mismatches "
+          f"({time.perf_counter() - t0:.0f} s)")
+    for line in errors + mismatches:
+        print("  " + line)
+    return 1 if errors or mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
