@@ -66,3 +66,17 @@ def test_async_tp_across_nodes_is_not_folded_along_tp():
     assert auto_fold(job) == "none" and "changes the links" in unfolded_note(job)
     full, folded = _summaries(job, cost)
     assert folded["step_time_s"] == full["step_time_s"]
+
+
+def test_an_explicit_inexact_fold_says_so():
+    job = build_job(gpt(num_layers=1, hidden_size=128, seq_len=64), _cluster(2, 2, 2),
+                    ParallelPlan(tp=4, sp=True, async_tp=True, compile=True, global_batch_size=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        notes = simulate(job, None, SimOptions(fold="tp"), trace="none").summary["notes"]
+        assert any("fold=tp is approximate along tp" in n for n in notes)
+        exact = build_job(gpt(num_layers=1, hidden_size=128, seq_len=64), _cluster(1, 4, 4),
+                          ParallelPlan(tp=4, sp=True, async_tp=True, compile=True,
+                                       global_batch_size=1))
+        notes = simulate(exact, None, SimOptions(fold="tp"), trace="none").summary["notes"]
+        assert not any("approximate" in n for n in notes)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from twin.cost import CostModel, default_cost_model
 from twin.metrics import summary_of
 from twin.sim.engine import SimOptions, fold_classes
-from twin.sim.records import auto_fold, folded_shifts, unfolded_note
+from twin.sim.records import auto_fold, exact_axes, folded_axes, folded_shifts, unfolded_note
 from twin.sim.spans import TRACE_LEVELS, rank_spans, recorded_ranks
 from twin.sim.stats import step_figures
 from twin.sim.stepsim import Stepper, StepRun, quiet_gc
@@ -165,6 +165,15 @@ def resolve_options(job: Job, options: SimOptions, steps: int = 1) \
         note = unfolded_note(job, options.algorithm)  # what stays unfolded, and why
         if note and not (perturbed and fold == "none"):
             notes.append(note)
+    elif fold != "none":  # an explicit fold: say where its copies are not exact
+        try:
+            loose = [a for a in folded_axes(job, fold) if a not in exact_axes(job, options.algorithm)]
+        except ConfigError:  # (raised again, with its fix, when the ranks are folded)
+            loose = []
+        if loose:
+            notes.append(f"fold={fold} is approximate along {' and '.join(loose)}: a copy there "
+                         "meets other links than the rank simulated for it (fold=auto folds "
+                         "only where that is exact)")
     fast = options.fast_forward
     if fast and perturbed:
         fast = False
