@@ -7,12 +7,14 @@ agree (to 1e-9 relative: both are exact, so only float rounding may differ).
 
 Plans: small GPT or MoE models on 1-16 nodes of 2-8 GPUs (one NIC per node or one per GPU),
 tp, pp, cp, dp, ZeRO 0-3 and HSDP, every pipeline schedule, recompute, five rank orders,
-torch.compile, async TP, EP with etp, uniform or skewed routing, on the generic defaults or
-the dgx_h100 / dgx_a100 profiles. Prints how many were simulated, folded and fast-forwarded,
-the errors (an exception other than a config the plan cannot run) and every mismatch; exits
-1 if there is any. Found so far: HSDP folded as one rotation of dp, async TP's ring under a
-fold, MoE templates under async TP and with etp = tp and dp inside tp, HSDP with a shard
-group of one (its replica all-reduce had no dependency).
+torch.compile, async TP, EP with etp, uniform or skewed routing, and half the time three of
+the plan's other knobs (CP method, FSDP options, grad sync, Float8, optimizer kernels and
+dtype, ...), on the generic defaults or the dgx_h100 / dgx_a100 profiles. Prints how many
+were simulated, folded and fast-forwarded, the errors (an exception other than a config the
+plan cannot run) and every mismatch; exits 1 if there is any. Found so far: HSDP folded as
+one rotation of dp, async TP's ring under a fold, MoE templates under async TP and with
+etp = tp and dp inside tp, HSDP with a shard group of one (its replica all-reduce had no
+dependency).
 """
 
 from __future__ import annotations
@@ -71,6 +73,19 @@ def random_job(rng: random.Random, async_share: float):
         plan.update(async_tp=True, compile=True)
     if moe:
         plan.update(ep=rng.choice((1, 2, 4)), etp=rng.choice((None, 1)))
+    if rng.random() < 0.5:  # the plan's other knobs, each now and then
+        extra = dict(cp_method=("ring", "allgather", "alltoall"), cp_load_balance=("headtail", "none"),
+                     fsdp_reshard_after_forward=(True, False), fsdp_reduce_dtype=("fp32", "bf16"),
+                     micro_batch_size=(1, 2), recompute=("op",), recompute_early_stop=(True,),
+                     flash_attention=(True, False), grad_sync=("default", "last", "every"),
+                     sp_norm_grad_sync=("none", "per_tensor", "coalesced"),
+                     optimizer_kernels=("fused", "foreach"),
+                     float8=("none", "tensorwise", "rowwise"), float8_fsdp_all_gather=(True,),
+                     optimizer_dtype=("fp32", "bf16"), compile_loss=(True, False))
+        for name in rng.sample(sorted(extra), 3):
+            plan[name] = rng.choice(extra[name])
+        if plan.get("micro_batch_size") == 2:
+            plan["global_batch_size"] *= 2
     cluster = preset_cluster(rng.choice(("dgx_h100", "dgx_a100")))
     cluster = dataclasses.replace(cluster, num_nodes=nodes, gpus_per_node=gpn,
                                   inter=dataclasses.replace(cluster.inter, nics_per_node=nics))
