@@ -163,29 +163,31 @@ class Stamper:
     def __init__(self, b: ProgramBuilder):
         self.b = b
         self.templates: dict[tuple, Template | None] = {}
-        self.checked: set[tuple] = set()
+        self.checked: dict[tuple, Template] = {}
+        """The kinds whose second body matched its stamp: stamped from then on."""
 
     def __call__(self, key: tuple, ctx: Ctx, inputs: tuple, grads: dict | None,
                  body: Callable[[], Idx]) -> Idx:
         """The body ``body()`` would emit under ``ctx`` from ``inputs`` (each an op, None, or
         a nested list of them, as the body's ops depend on it), filling ``grads`` (None: the
         body has none)."""
-        slots = tuple(_slot(x) for x in inputs)
-        key = (key, ctx.phase, ctx.paradigm, tuple(bool(s) for s in slots))
+        slots = tuple(map(_slot, inputs))
+        key = (key, ctx.phase, ctx.paradigm, tuple(map(bool, slots)))
+        t = self.checked.get(key)
+        if t is not None and not grads:
+            return stamp(self.b, t, ctx, slots, grads)
         t = self.templates.get(key, False)
         if t is None or grads:  # not stampable, or gradients already in the dict
             return body()
-        if key in self.checked:
-            return stamp(self.b, t, ctx, slots, grads)
         b = self.b
         start, last = len(b.ops), b.last_compute
         out = body()
         if t is False:
             self.templates[key] = record(b, start, ctx, slots, out, last, grads)
+        elif _same(b, t, start, ctx, slots, out, last, grads):
+            self.checked[key] = t
         else:
-            self.checked.add(key)
-            if not _same(b, t, start, ctx, slots, out, last, grads):
-                self.templates[key] = None
+            self.templates[key] = None
         return out
 
 
