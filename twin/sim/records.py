@@ -14,8 +14,9 @@ from twin.spec import ConfigError, Job
 
 RendezvousKey = tuple[tuple[int, ...], str]
 """A collective's rendezvous: (its group's ranks, the op's name)."""
-PairKey = tuple  # (src, dst, tag), or ("mirror", rank, tag) (SendRecv.arrive)
-"""A send/recv pair: (src, dst, tag)."""
+PairKey = tuple
+"""A send/recv pair: (src, dst, tag); a folded peer's pair is ("mirror", rank, tag), the
+rank's own send and recv of that tag (twin.sim.sendrecv.SendRecv.arrive)."""
 
 
 @dataclass
