@@ -24,10 +24,12 @@ import numpy as np
 import simpy
 
 from twin.cost import CostModel
-from twin.schedule.ir import Op, Program
+from twin.schedule.ir import Program
+from twin.sim.calls import Calls
 from twin.sim.fabric import EPS, Contended, Fabric
 from twin.sim.flows import FlowPlanner
 from twin.sim.host import HostPlan, host_plan
+from twin.sim.overlap import ComputeClock
 from twin.sim.private import COMPUTE, Inliner, finish
 from twin.sim.records import (  # noqa: F401 - SimOptions, fold_classes: public here
     Bundle,
@@ -55,7 +57,7 @@ def env_all(env: simpy.Environment, events: list[simpy.Event]) -> simpy.Event:
     return events[0] if len(events) == 1 else env.all_of(events)
 
 
-class Simulation:
+class Simulation(Calls):
     """One simulated step of a schedule."""
 
     def __init__(self, job: Job, programs: dict[int, Program], cost: CostModel,
@@ -87,6 +89,7 @@ class Simulation:
         self._core_weights: dict[int, tuple[float]] = {}
         self._members: dict[tuple[int, ...], int] = {}  # group -> its simulated members
         self._inflight_comm = {r: 0 for r in programs}
+        self._clocks: dict[int, list[ComputeClock]] = {r: [] for r in programs}
         self._synced: dict[int, dict[int, float]] = {}  # rank -> sync point -> host resumes
         self._walks: dict[tuple, Walk] = {}
         self.inline_private = True
@@ -118,52 +121,7 @@ class Simulation:
                                                              for c in copies))),)
         return w
 
-    def _start(self, b: Bundle | None) -> simpy.Event | None:
-        if b is None:
-            return None
-        return self.fabric.transfer(b.resources, b.size_bytes, weights=b.weights,
-                                    costs=b.byte_costs)
-
     # -- processes ------------------------------------------------------------------------
-    def _arrive(self, rank: int, op: Op, evs: dict[int, simpy.Event], i: int) -> simpy.Event:
-        """This rank reaches a collective; the last simulated member starts it."""
-        rv = self._rendezvous(op)
-        evs[i] = rv.done
-        rv.members_left -= 1
-        if rv.members_left == 0:
-            del self._rv[(op.group, op.name)]
-            if op.send_splits:  # an uneven all-to-all (MoE dispatch): per-peer bytes
-                bundles, lats, base = self.flows.uneven(op.group, op.name, op.bytes)
-            else:
-                bundles, lats, base = self.flows.collective(op.kind, op.group, op.bytes,
-                                                            op.group_name, op.root)
-            self._next_phase(bundles, lats, 0, rv.done, self._noise(self.cost.comm_cv), base)
-            if self.on_progress and len(op.group) >= 1024:
-                self.on_progress(self.ops_done)  # planning a large group takes a while: say so
-        self.events += 1
-        return rv.done
-
-    def _next_phase(self, specs: list[Bundle | None], lats: list[float], k: int,
-                    done: simpy.Event, noise: float, extra: float) -> None:
-        """Run phase k (latency, then its bundled flow) by callbacks, then the next."""
-        if k == len(specs):
-            done.succeed()
-            return
-        lat = (lats[k] + extra) * noise
-
-        def start(_=None):
-            ev = self._start(specs[k])
-            self.events += 2
-            if ev is None:
-                self._next_phase(specs, lats, k + 1, done, noise, 0.0)
-            else:
-                ev.callbacks.append(lambda _e: self._next_phase(specs, lats, k + 1, done, noise, 0.0))
-
-        if lat > 0:
-            self.env.timeout(lat).callbacks.append(start)
-        else:
-            start()
-
     def _sync(self, rank: int, s: int, host: HostPlan, evs: dict[int, simpy.Event]):
         """Wait (a process step) for the ops the host waits for at sync point ``s``; record
         when the last of them ended (the host resumes issuing then)."""
@@ -174,24 +132,6 @@ class Simulation:
             yield self.env.all_of(waits)
             self.events += 1
         self._synced[rank][s] = max(float(end[w]) for w in host.waits[s])
-
-    def _event_of(self, rank: int, op: Op, evs: dict[int, simpy.Event], i: int) -> simpy.Event:
-        """The completion event of op ``i`` (a collective's is its rendezvous event)."""
-        ev = evs.get(i)
-        if ev is None:
-            ev = evs[i] = self._rendezvous(op).done
-        return ev
-
-    def _rendezvous(self, op: Op) -> Rendezvous:
-        key = (op.group, op.name)
-        rv = self._rv.get(key)
-        if rv is None:
-            members = self._members.get(op.group)
-            if members is None:
-                members = self._members[op.group] = sum(1 for m in op.group
-                                                        if m in self.simulated)
-            rv = self._rv[key] = Rendezvous(members, self.env.event())
-        return rv
 
     def _stream(self, rank: int, indices: list[int], evs: dict[int, simpy.Event],
                 walk: Walk, st_: Structure, inline: dict[int, tuple] | None = None):
@@ -212,6 +152,10 @@ class Simulation:
         overlap = self.cost.overlap_slowdown
         core_share = self.core_share
         plain = not (jitter or overlap or core_share)  # compute advanced by arithmetic alone
+        clock = None  # overlap: the stream's compute, re-timed as calls start and end
+        if overlap and not core_share:
+            clock = ComputeClock(env, overlap, st, en)
+            self._clocks[rank].append(clock)
         synced = self._synced[rank]  # sync point -> when the host's waits there ended
         free: dict[str, float] = {}  # inlined stream -> when its last op ends
         s_last, t_s, h_s = -1, 0.0, 0.0  # the sync point of the op before, when it ended, H_s
@@ -233,7 +177,7 @@ class Simulation:
                             waits.append(ev)
                     if waits:
                         if pending:
-                            yield env.timeout(pending)
+                            yield self._held(clock, pending)
                             pending = 0.0
                         yield env_all(env, waits)
                         now = env.now
@@ -246,7 +190,7 @@ class Simulation:
                             t = synced.get(s)
                             if t is None:  # the host waits for the device here: once per sync
                                 if pending:
-                                    yield env.timeout(pending)
+                                    yield self._held(clock, pending)
                                     pending = 0.0
                                 yield from self._sync(rank, s, host, evs)
                                 now = env.now
@@ -281,12 +225,12 @@ class Simulation:
                     pending = ready - now
                 if not is_compute[i]:  # a collective on a comm stream
                     if pending:
-                        yield env.timeout(pending)
+                        yield self._held(clock, pending, ready)
                         pending = 0.0
                     st[i] = env.now
-                    self._inflight_comm[rank] += 1
+                    self._in_flight(rank, 1)
                     yield self._arrive(rank, ops[i], evs, i)
-                    self._inflight_comm[rank] -= 1
+                    self._in_flight(rank, -1)
                     now = en[i] = env.now
                     continue
                 if plain:
@@ -303,7 +247,16 @@ class Simulation:
                 dur = base[i] * slow
                 if jitter:
                     dur *= self._noise(self.cost.compute_cv)
-                if overlap and self._inflight_comm[rank]:
+                if clock is not None:
+                    pending = clock.add(i, ready, dur) - now
+                    if i in external:
+                        yield clock.hold()
+                        now = env.now
+                        pending = 0.0
+                        self.events += 1
+                        fire(evs[i])
+                    continue
+                if overlap and self._inflight_comm[rank]:  # (shared cores: at its start)
                     dur *= 1 + overlap
                 if core_share:
                     if pending:
@@ -318,7 +271,7 @@ class Simulation:
                     st[i] = now + pending
                     pending += dur
                     en[i] = now + pending
-                    if i in external or overlap:  # (overlap: the next op sees the calls in flight)
+                    if i in external:
                         yield env.timeout(pending)
                         now = env.now
                         pending = 0.0
@@ -327,7 +280,20 @@ class Simulation:
                     fire(evs[i])
         self.ops_done += len(indices) - 4096 * max(0, (len(indices) - 1) // 4096)
         if pending:
-            yield env.timeout(pending)
+            yield self._held(clock, pending)
+
+    def _held(self, clock: ComputeClock | None, pending: float, floor: float = 0.0):
+        """What a stream waits for before its next event: its clock's run to end (and then
+        ``floor``), else ``pending`` seconds of arithmetic and idling."""
+        if clock is None or not clock.running():
+            return self.env.timeout(pending)
+        return clock.hold(floor)
+
+    def _in_flight(self, rank: int, delta: int) -> None:
+        """A collective of ``rank`` starts (1) or ends (-1): compute beside it slows."""
+        self._inflight_comm[rank] += delta
+        for clock in self._clocks[rank]:
+            clock.comm(delta)
 
     def _structure(self, rank: int, prog: Program) -> Structure:
         """Streams, base compute times and the host's plan of a program; shared by every

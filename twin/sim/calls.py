@@ -1,0 +1,77 @@
+"""A simulated collective call: the rendezvous of its simulated members, then its phases
+(a latency, then the phase's bundled flow through the fabric) run by callbacks; part of
+twin/sim/engine.py's Simulation."""
+
+from __future__ import annotations
+
+import simpy
+
+from twin.schedule.ir import Op
+from twin.sim.records import Bundle, Rendezvous
+
+
+class Calls:
+    """Simulation's collective calls (the engine's state: env, fabric, flows, _rv, ...)."""
+
+    def _start(self, b: Bundle | None) -> simpy.Event | None:
+        if b is None:
+            return None
+        return self.fabric.transfer(b.resources, b.size_bytes, weights=b.weights,
+                                    costs=b.byte_costs)
+
+    def _arrive(self, rank: int, op: Op, evs: dict[int, simpy.Event], i: int) -> simpy.Event:
+        """This rank reaches a collective; the last simulated member starts it."""
+        rv = self._rendezvous(op)
+        evs[i] = rv.done
+        rv.members_left -= 1
+        if rv.members_left == 0:
+            del self._rv[(op.group, op.name)]
+            if op.send_splits:  # an uneven all-to-all (MoE dispatch): per-peer bytes
+                bundles, lats, base = self.flows.uneven(op.group, op.name, op.bytes)
+            else:
+                bundles, lats, base = self.flows.collective(op.kind, op.group, op.bytes,
+                                                            op.group_name, op.root)
+            self._next_phase(bundles, lats, 0, rv.done, self._noise(self.cost.comm_cv), base)
+            if self.on_progress and len(op.group) >= 1024:
+                self.on_progress(self.ops_done)  # planning a large group takes a while: say so
+        self.events += 1
+        return rv.done
+
+    def _next_phase(self, specs: list[Bundle | None], lats: list[float], k: int,
+                    done: simpy.Event, noise: float, extra: float) -> None:
+        """Run phase k (latency, then its bundled flow) by callbacks, then the next."""
+        if k == len(specs):
+            done.succeed()
+            return
+        lat = (lats[k] + extra) * noise
+
+        def start(_=None):
+            ev = self._start(specs[k])
+            self.events += 2
+            if ev is None:
+                self._next_phase(specs, lats, k + 1, done, noise, 0.0)
+            else:
+                ev.callbacks.append(lambda _e: self._next_phase(specs, lats, k + 1, done, noise, 0.0))
+
+        if lat > 0:
+            self.env.timeout(lat).callbacks.append(start)
+        else:
+            start()
+
+    def _event_of(self, rank: int, op: Op, evs: dict[int, simpy.Event], i: int) -> simpy.Event:
+        """The completion event of op ``i`` (a collective's is its rendezvous event)."""
+        ev = evs.get(i)
+        if ev is None:
+            ev = evs[i] = self._rendezvous(op).done
+        return ev
+
+    def _rendezvous(self, op: Op) -> Rendezvous:
+        key = (op.group, op.name)
+        rv = self._rv.get(key)
+        if rv is None:
+            members = self._members.get(op.group)
+            if members is None:
+                members = self._members[op.group] = sum(1 for m in op.group
+                                                        if m in self.simulated)
+            rv = self._rv[key] = Rendezvous(members, self.env.event())
+        return rv
