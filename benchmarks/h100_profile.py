@@ -84,6 +84,12 @@ FIGURES = {
     "ndr_nic_GBps": (47.0, "AddyLaddy (NVIDIA), NVIDIA/nccl-tests#290: 46-48 GB/s per NDR NIC"),
     "nccl_ring_ll_lat_us": ((6.6, 0.6), "NCCL tuning.cc baseLat Ring/LL 6.6 us + hwLat NVLink "
                                         "Ring/LL 0.6 us per step (published.md §5.3)"),
+    # compute beside NCCL kernels, against the same compute alone: GPT and LLaMA layers on 4
+    # A100s, H100s, MI250s and MI210s (the average; up to 40.0%)
+    "overlap_slowdown": (0.189, "Lee et al. 2025, 'Characterizing Compute-Communication "
+                                "Overlap in GPU-Accelerated Distributed Deep Learning', "
+                                "arXiv:2507.03114, abstract: 'an average computational "
+                                "slowdown of 18.9%, with a maximum of 40.0%'"),
 }
 
 # -- eager PyTorch's HBM traffic against the twin's fused byte counts ------------------------
@@ -287,7 +293,8 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
         name=f"dgx_{gpu}", gemm=gemm, attention=attention, elementwise=elementwise,
         optimizer=optimizer, intra=intra, inter=inter,
         base_latency_us=base, host_comm_us=20.0, host_comm_per_rank_us=1.0,
-        p2p_host_sync=False, p2p_latency_us=None, overlap_slowdown=0.0, core_share=True,
+        p2p_host_sync=False, p2p_latency_us=None,
+        overlap_slowdown=FIGURES["overlap_slowdown"][0], core_share=True,
         cores_effective=None, kernels_by_dtype={"fp8": {"gemm": fp8}}, collective_fits=fits,
         compute_cv=0.0,
         comm_cv=0.0, eager_elementwise=ew_infl,
@@ -303,8 +310,9 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
                         "published figure",
         "host_comm_per_rank_us": "ASSUMPTION: 1 us per member; no published figure",
         "p2p_host_sync": "false: FSDP/torchtitan do not synchronize the host after send/recv",
-        "overlap_slowdown": "0: no published H100 figure for GEMM slowdown beside NCCL kernels "
-                            "(a mechanism the twin has; see the report)",
+        "overlap_slowdown": f"{FIGURES['overlap_slowdown'][0]:g}: compute runs this much slower "
+                            f"while a collective of its rank is in flight (twin/sim/overlap.py) "
+                            f"[{FIGURES['overlap_slowdown'][1]}]",
         "compute_cv": "0: no published run-to-run spread", "comm_cv": "0: as compute_cv",
         "eager_elementwise": f"eager-vs-fused byte ratio {ew_infl:.3f} (the EAGER table), folded "
                              "into elementwise.mem_efficiency and host_us; parallel.compile=true "
@@ -443,8 +451,8 @@ def main() -> None:
               f"twin {preds[0]:5.0f} .. {preds[1]:5.0f}  err {preds[0] / tps - 1:+.0%} .. "
               f"{preds[1] / tps - 1:+.0%}")
     print("  (their H100s: HBM2e at 2.4 TB/s and torchtitan's op-level SAC, both simulated; their "
-          "lower TDP as the peak's range; GEMMs at a 700 W part's sustained clock; the lower "
-          "clock of their 500 W limit and compute slowed beside NCCL kernels are not modelled)")
+          "lower TDP as the peak's range; GEMMs at a 700 W part's sustained clock, slowed beside NCCL "
+          "kernels; the lower clock of their 500 W limit is not modelled)")
 
 
 def fmt_path(s) -> str:

@@ -18,8 +18,9 @@ peak TFLOPs number is between SXM and NVL, and we don't know its exact value" (t
 2). So each row is predicted at both ends, SXM's 989 and NVL's 835 dense bf16 TFLOP/s (FP8
 twice that), the profile's GEMM efficiency (a fraction of peak) kept. Prints the table and
 the median and range of the errors at each end, and writes benchmarks/results/h100_published.json.
-The profile's GEMMs run at a 700 W part's sustained clock (MSMF over MAMF); not modelled: the
-lower clock a 500 W limit sustains within that range, and compute slowed beside NCCL kernels.
+The profile's GEMMs run at a 700 W part's sustained clock (MSMF over MAMF), and compute runs
+18.9% slower beside NCCL kernels (overlap_slowdown, Lee et al. 2025); not modelled: the lower
+clock a 500 W limit sustains within that range.
 """
 
 from __future__ import annotations

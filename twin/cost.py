@@ -95,7 +95,7 @@ class CostModel:
     p2p_latency_us: float | None = None
     """Fixed cost of a send/recv; None: one hop of the link's latency."""
     overlap_slowdown: float = 0.0
-    """Compute slows by this fraction while communication runs beside it on its rank."""
+    """Compute runs 1 + this slower while a collective of its rank is in flight (sim/overlap.py)."""
     core_share: bool = True
     """On clusters with cores_per_node, ranks' compute shares the node's cores."""
     cores_effective: float | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from twin.search.fsdpwalk import chunk_s
+from twin.search.fsdpwalk import chunk_s, tail_s
 
 
 @pytest.mark.parametrize("n", [1, 3, 12])
@@ -38,3 +38,22 @@ def test_gathers_and_reduce_scatters_share_the_links():
     assert chunk_s(n, c, g, r) <= t
     assert chunk_s(n, c, g, r + 1.0, wait=True) > t
     assert chunk_s(0, c, g, r) == 0.0
+
+
+def test_compute_slowed_beside_the_next_layers_gather():
+    """Compute-bound with overlap_slowdown s: each layer but the last computes beside the
+    next one's gather, paying s / (1 + s) of the gather's time: g + n c + (n - 1) g s/(1+s)."""
+    n, c, g, s = 6, 4.0, 1.0, 0.5
+    assert chunk_s(n, c, g, s=s) == pytest.approx(g + n * c + (n - 1) * g * s / (1 + s))
+    assert chunk_s(n, c, g, s=0.0) == pytest.approx(chunk_s(n, c, g))
+    # network-bound: the links' work, then the last layer, which computes alone
+    assert chunk_s(n, 0.5, 2.0, s=s) == pytest.approx(n * 2.0 + 0.5)
+
+
+def test_a_tail_beside_compute():
+    c, last, s = 10.0, 1.0, 0.25
+    assert tail_s(c, 4.0, last) == pytest.approx(last)  # hidden but the last bucket
+    assert tail_s(c, 14.0, last) == pytest.approx(4.0)
+    # beside it the compute slows by s times the overlapped share: 4 s / (1 + s) here
+    assert tail_s(c, 4.0, last, s) == pytest.approx(4.0 * s / (1 + s) + last)
+    assert tail_s(c, 20.0, last, s) == pytest.approx(20.0 - c)  # transfers still the longer

@@ -46,7 +46,7 @@ from twin.schedule.pipeline import SPLIT_SCHEDULES, V_SCHEDULES
 from twin.search.bubble import pipeline_s
 from twin.search.buckets import calls
 from twin.search.comm import CommModel, together_s
-from twin.search.fsdpwalk import beside, chunk_s, copy_s
+from twin.search.fsdpwalk import beside, chunk_s, copy_s, tail_s
 from twin.search.syncwalk import synced_pipeline_s, synced_reductions_s
 from twin.search.units import Timing, layer_classes, unit_plan_key, unit_timings
 from twin.spec import Job
@@ -228,9 +228,9 @@ def _stage_times(job: Job, est: Estimator, u: dict[str, Timing], shape: Shape) \
         if fsdp:  # the stage's chunks walked beside their transfers (twin.search.fsdpwalk);
             # a host that waits at the exchange waits for each reduce-scatter whole
             per_chunk = max(1, round(n / v))
-            f = v * chunk_s(per_chunk, f / n, ag)
+            f = v * chunk_s(per_chunk, f / n, ag, s=est.cost.overlap_slowdown)
             b = v * chunk_s(per_chunk, b / n, ag if par.fsdp_reshard_after_forward else 0.0,
-                            r_full if sync else red, sync)
+                            r_full if sync else red, sync, est.cost.overlap_slowdown)
         w = sum(k * u[f"layer_bwd@{r}"].w_s for r, k in classes[s])
         if s == job.chunk_stage(0):
             f += u["embed_fwd"].time_s
@@ -272,7 +272,7 @@ def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: fl
     """Data-parallel gradient communication of a stage (``params`` its parameters, of which
     ``experts`` reduced over edp; ``unit`` the bytes of one of its ``layers`` layers) left
     after its last backward."""
-    par, comm = job.parallel, est.comm
+    par, comm, slow = job.parallel, est.comm, est.cost.overlap_slowdown
     m = par.num_microbatches
     if par.dp * par.cp <= 1 and not experts:
         return 0.0
@@ -290,7 +290,7 @@ def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: fl
         rs_unit = reduce(unit * job.fsdp_reduce_bytes / e)  # at the reduce dtype
         if par.sync_every_microbatch:
             return rs_unit  # the last unit's reduction
-        return max(rs_unit, reduce(params * job.fsdp_reduce_bytes) - b)
+        return tail_s(b, reduce(params * job.fsdp_reduce_bytes), rs_unit, slow)
     kind = "all_reduce" if par.zero_stage == 0 else "reduce_scatter"
     cap = par.ddp_bucket_MB * MIB
     whole, last = 0.0, 0.0
@@ -302,8 +302,8 @@ def _dp_tail(job: Job, est: Estimator, f: float, b: float, params: int, unit: fl
         whole += calls(job, layers, nbytes, grp == "edp") * a + nbytes * per_byte
         last = a + min(cap, nbytes) * per_byte  # the expert buckets come after the dense
     if par.sync_every_microbatch:
-        return max(last, m * whole - (m - 1) * (f + b) - b)
-    return max(last, whole - b)
+        return tail_s((m - 1) * (f + b) + b, m * whole, last, slow)
+    return tail_s(b, whole, last, slow)
 
 
 def _tail(job: Job, est: Estimator, fs: list, bs: list, c: float, shape: Shape) \

@@ -21,14 +21,18 @@ from twin.schedule.emit import Ctx, ProgramBuilder
 from twin.schedule.sharded import copy_op
 from twin.search.comm import together_s
 from twin.search.units import Timing
+from twin.sim.overlap import overlapped_end
 from twin.spec import Job
 
 
 @lru_cache(maxsize=1 << 16)  # a search meets the same layers and transfers in many plans
-def chunk_s(n: int, c: float, g: float, r: float = 0.0, wait: bool = False) -> float:
+def chunk_s(n: int, c: float, g: float, r: float = 0.0, wait: bool = False,
+            s: float = 0.0) -> float:
     """One chunk of ``n`` layers on one micro-batch (module docstring): ``c`` a layer's
     compute, ``g`` its gather (0: parameters kept from the forward), ``r`` its gradients'
-    reduce-scatter (0: none this micro-batch); ``wait``: the host waits for the last one."""
+    reduce-scatter (0: none this micro-batch); ``wait``: the host waits for the last one;
+    ``s``: compute slows so while transfers run (overlap_slowdown: from a layer's start the
+    links are busy until the last transfer queued ends)."""
     if n <= 0:
         return 0.0
     link = g  # when the links are free; layer 1's gather first
@@ -39,7 +43,7 @@ def chunk_s(n: int, c: float, g: float, r: float = 0.0, wait: bool = False) -> f
         if k + 1 < n and g:  # the next layer's gather, issued as this one starts
             link = max(link, start) + g
             ready = link
-        done = start + c
+        done = overlapped_end(start, c, start, link, s) if link > start else start + c
         if r:  # this layer's gradients, after what the links were given before
             link = max(link, done) + r
     if wait:
@@ -78,3 +82,11 @@ def beside(unit: Timing, parts: list, alone: bool = False) -> float:
     busy_inter = min(1.0, sum(s * be for (_, _, be), s in parts) / span)
     return span + unit.exposed_comm_s * (unit.intra_s * busy_intra
                                          + unit.inter_s * busy_inter) / own
+
+
+def tail_s(c: float, busy: float, last: float, s: float = 0.0) -> float:
+    """What ``busy`` seconds of transfers that start with ``c`` seconds of compute add after
+    it: the compute slowed beside them (overlap_slowdown ``s``), then what is left of them,
+    at least ``last`` (the last bucket's, issued as the compute ends)."""
+    x = overlapped_end(0.0, c, 0.0, busy, s) - c
+    return x + max(last, busy - c - x)

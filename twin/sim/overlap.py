@@ -12,7 +12,10 @@ The compute stream's process advances runs of ops by arithmetic (twin/sim/engine
 call that starts or ends meanwhile changes the rate for the rest of the run, so each run is
 held by a ``ComputeClock``: its ops' times are written as the rate is known so far, and a
 change of rate re-times the ops that end after it and moves the process's wake-up (one
-event per change, none per op)."""
+event per change, none per op). Ranks on shared CPU cores (``core_share``) time each op through
+the fabric's core resources instead: there an op that starts beside a call takes 1 + s times
+as long (calibrated CPU profiles set s = 0: the shared cores already slow compute beside
+gloo's copies, twin.calibrate.profile)."""
 
 from __future__ import annotations
 
