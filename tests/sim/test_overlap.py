@@ -106,3 +106,12 @@ def test_folded_and_fast_forwarded_steps_equal_the_full_one(overrides):
                      SimOptions(fold="none", fast_forward=False), trace="none")
     assert fast.summary["step_time_s"] == pytest.approx(full.summary["step_time_s"], rel=1e-9)
     assert full.summary["step_time_s"] > plain.summary["step_time_s"]
+    # the slowdown is a part of the critical path of its own: the parts add up as before
+    gap = {k: sum(r.summary["critical_path_s"].values()) - r.summary["step_time_s"]
+           for k, r in (("full", full), ("fast", fast), ("plain", plain))}
+    assert gap["full"] == pytest.approx(gap["plain"], abs=1e-12)  # (0 but for a pipeline's
+    assert gap["fast"] == pytest.approx(gap["plain"], abs=1e-12)  # send/recv waits)
+    assert full.summary["critical_path_s"]["overlap"] > 0
+    assert fast.summary["critical_path_s"]["overlap"] == \
+        pytest.approx(full.summary["critical_path_s"]["overlap"], rel=1e-9)
+    assert "overlap" not in plain.summary["critical_path_s"]

@@ -104,7 +104,7 @@ def breakdown_figure(runs: list[Run]) -> go.Figure | None:
 
 CRITICAL_COLOURS = {"gemm": "#3366CC", "attention": "#0099C6", "elementwise": "#66AA00",
                     "optimizer": "#990099", "host": "#DC3912", "collectives": "#FF9900",
-                    "p2p": "#B82E2E", "other": "#BBBBBB"}
+                    "p2p": "#B82E2E", "overlap": "#AAAA11", "other": "#BBBBBB"}
 
 
 def critical_path_figure(runs: list[Run]) -> go.Figure | None:

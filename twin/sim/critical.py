@@ -50,6 +50,9 @@ class CriticalPath:
     """The p2p latency ``p2p_s`` was timed with."""
     other_s: float = 0.0
     """Waits on the path that none of the above explains."""
+    overlap_s: float = 0.0
+    """What compute on the path took past its kernels' time beside collectives of its rank
+    (``overlap_slowdown``: twin/sim/overlap.py; fixed while compute and host are fitted)."""
     period: object = None
     """With ``critical_path(window=...)``: what one period of the window adds (its ``path``;
     ``exact`` False when an op spans the whole period)."""
@@ -60,7 +63,8 @@ class CriticalPath:
         out = CriticalPath(self.step_s + n * other.step_s, Counter(self.compute),
                            Counter(self.host), self.comm_s + n * other.comm_s,
                            self.p2p_s + n * other.p2p_s, self.p2p_n + n * other.p2p_n,
-                           self.p2p_latency_s, self.other_s + n * other.other_s)
+                           self.p2p_latency_s, self.other_s + n * other.other_s,
+                           overlap_s=self.overlap_s + n * other.overlap_s)
         for mine, more in ((out.compute, other.compute), (out.host, other.host)):
             for key, count in more.items():
                 mine[key] += n * count
@@ -72,15 +76,18 @@ class CriticalPath:
         for kind, n in self.host.items():
             t += n * host_us(cost, kind) * 1e-6
         lat = self.p2p_latency_s if p2p_latency_s is None else p2p_latency_s
-        return t + self.comm_s + self.p2p_s + self.p2p_n * (lat - self.p2p_latency_s) + self.other_s
+        return t + self.comm_s + self.p2p_s + self.p2p_n * (lat - self.p2p_latency_s) \
+            + self.other_s + self.overlap_s
 
     def parts(self, cost: CostModel, gpu: GPUSpec) -> dict[str, float]:
-        """Seconds of the path per mechanism: compute per kind, host, collectives, p2p, other."""
+        """Seconds of the path per mechanism: compute per kind, host, collectives, p2p, other,
+        and compute slowed beside collectives (overlap)."""
         out: dict[str, float] = {}
         for op, n in self.compute.items():
             out[op.kind] = out.get(op.kind, 0.0) + n * cost.compute_time(op, gpu)
         host = sum(n * host_us(cost, k) for k, n in self.host.items()) * 1e-6
-        out.update(host=host, collectives=self.comm_s, p2p=self.p2p_s, other=self.other_s)
+        out.update(host=host, collectives=self.comm_s, p2p=self.p2p_s, other=self.other_s,
+                   overlap=self.overlap_s)
         return out
 
     def shape_factor_s(self, cost: CostModel, gpu: GPUSpec) -> float:
@@ -203,7 +210,7 @@ class _Window:
         elif a < self.lo and b >= self.hi:
             if counter is not None:
                 self.exact = False
-            elif field:
+            elif field and field != "overlap_s":  # (an op: its counter marks the period)
                 setattr(p, field, getattr(p, field) + (self.hi - self.lo))
 
 
@@ -246,6 +253,10 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
                 sig = signature(op)
                 path.compute[sig] += 1
                 add(ready, done, counter="compute", key=sig)
+                slowed = sim.slowed_s(rank, i)
+                if slowed:
+                    path.overlap_s += slowed
+                    add(ready, done, "overlap_s", slowed)
                 c = sim.structure_of(rank).charged.get(i)
                 if c is not None:  # its thread issued calls first (ranks on CPU cores)
                     for kind, n in (*((f"comm@{r}", k) for r, k in c.calls), ("comm_ranks", c.members)):

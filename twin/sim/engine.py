@@ -289,6 +289,10 @@ class Simulation(Calls):
             return self.env.timeout(pending)
         return clock.hold(floor)
 
+    def slowed_s(self, rank: int, i: int) -> float:
+        """Seconds op ``i`` of ``rank`` took past its work, beside calls (overlap_slowdown)."""
+        return sum(c.slowed.get(i, 0.0) for c in self._clocks[rank])
+
     def _in_flight(self, rank: int, delta: int) -> None:
         """A collective of ``rank`` starts (1) or ends (-1): compute beside it slows."""
         self._inflight_comm[rank] += delta

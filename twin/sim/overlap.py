@@ -55,7 +55,7 @@ class ComputeClock:
     the rank's collectives in flight (every clock of the rank hears it)."""
 
     __slots__ = ("env", "factor", "start", "end", "busy", "times", "factors", "ops", "ready",
-                 "work", "waiter", "floor", "generation", "events")
+                 "work", "waiter", "floor", "generation", "events", "slowed")
 
     def __init__(self, env, slowdown: float, start: list, end: list):
         self.env, self.factor = env, 1.0 + slowdown
@@ -70,6 +70,8 @@ class ComputeClock:
         self.floor = 0.0
         self.generation = 0
         self.events = 0  # wake-ups moved by a change of rate
+        self.slowed: dict[int, float] = {}
+        """Op -> seconds it took past its work (beside calls): the critical path's part."""
 
     def add(self, i: int, ready: float, work: float) -> float:
         """Time op ``i`` after the run's ops, not before ``ready``; returns its end (as the
@@ -111,6 +113,11 @@ class ComputeClock:
     def _wake(self, g: int) -> None:
         if g == self.generation and self.waiter is not None:  # (else: a change moved it)
             waiter, self.waiter = self.waiter, None
+            start, end, slowed = self.start, self.end, self.slowed
+            for i, w in zip(self.ops, self.work):
+                extra = end[i] - start[i] - w
+                if extra > 1e-12 * w:
+                    slowed[i] = extra
             waiter.succeed()
 
     def comm(self, delta: int) -> None:
