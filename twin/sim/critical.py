@@ -231,21 +231,24 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
     calls = _Calls(sim.programs)
     t = path.step_s
     seen: set[tuple[int, int]] = set()
+    def call(begin: float) -> None:  # the call on the path, from ``begin`` to ``t``
+        took = max(0.0, t - begin)
+        if op.is_p2p:
+            path.p2p_s += took
+            path.p2p_n += 1
+            add(begin, t, "p2p_s", took)
+        else:
+            path.comm_s += took
+            add(begin, t, "comm_s", took)
+
     for _ in range(4 * sum(len(p.ops) for p in sim.programs.values()) + 16):
         op = sim.programs[rank].ops[i]
         seen.add((rank, i))
-        if op.kind in _CALLS:  # the member that reached it last
+        is_call = op.kind in _CALLS
+        if is_call:  # the member that reached it last
             rank, i = max(calls.members(rank, op), key=lambda m: float(sim.start[m[0]][m[1]]))
             op = sim.programs[rank].ops[i]
             ready = float(sim.start[rank][i])
-            took = max(0.0, t - ready)
-            if op.is_p2p:
-                path.p2p_s += took
-                path.p2p_n += 1
-                add(ready, t, "p2p_s", took)
-            else:
-                path.comm_s += took
-                add(ready, t, "comm_s", took)
         else:
             ready = float(sim.start[rank][i])
             if op.is_compute:
@@ -283,10 +286,14 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
         # lead back to an op already on the path
         cands = [c for c in cands if c[2] < 0 or (rank, c[2]) not in seen]
         if not cands:
+            if is_call:
+                call(ready)
             path.other_s += max(0.0, ready)
             add(0.0, ready, "other_s", max(0.0, ready))
             return path
         when, is_op, j = max(cands)
+        if is_call:  # a send/recv posted in a batch before the op it waits for has ended
+            call(max(ready, when))  # runs from then: the path's time counted once
         path.other_s += max(0.0, ready - when)
         add(when, ready, "other_s", max(0.0, ready - when))
         if not is_op:  # the host held it back: count what it issued up to this op
