@@ -1,7 +1,8 @@
 """Compute slowed while NCCL kernels run beside it (``CostModel.overlap_slowdown``).
 
 A collective's kernel holds some of the GPU's SMs (and HBM bandwidth) from its launch until
-it completes, waiting for its peers included; compute beside it runs on the rest. With
+it completes, waiting for its peers included; compute beside it runs on the rest. (A
+send/recv's kernel, one or two channels, is not counted.) With
 slowdown ``s``, a compute op progresses at rate 1 / (1 + s) while at least one collective of
 its rank is in flight and at rate 1 otherwise, so an op of base time ``c`` that overlaps a
 call for part of its run takes ``c`` plus ``s`` times the overlapped share of its work:
