@@ -281,6 +281,8 @@ class Simulation(Calls):
         self.ops_done += len(indices) - 4096 * max(0, (len(indices) - 1) // 4096)
         if pending:
             yield self._held(clock, pending)
+        if clock is not None:
+            self.events += clock.events  # wake-ups moved by a change of rate
 
     def _held(self, clock: ComputeClock | None, pending: float, floor: float = 0.0):
         """What a stream waits for before its next event: its clock's run to end (and then
