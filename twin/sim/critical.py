@@ -231,6 +231,7 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
     calls = _Calls(sim.programs)
     t = path.step_s
     seen: set[tuple[int, int]] = set()
+
     def call(begin: float) -> None:  # the call on the path, from ``begin`` to ``t``
         took = max(0.0, t - begin)
         if op.is_p2p:
