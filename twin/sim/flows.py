@@ -25,6 +25,7 @@ fabric's work per flow then grows with what differs, not with the group's size.
 from __future__ import annotations
 
 from itertools import product
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,29 +39,18 @@ _LOCAL = frozenset(COMPUTE_KINDS) | frozenset(MEMORY_KINDS)
 """Kinds no flow is planned for."""
 
 
-class Planned:
+class Planned(NamedTuple):
     """A call's phases per byte of its op: bundles (None: no transfer), latencies, fit."""
 
-    __slots__ = ("bundles", "latencies_s", "base_latency_s", "_scaled")
-
-    def __init__(self, bundles: tuple[Bundle | None, ...], latencies_s: tuple[float, ...],
-                 base_latency_s: float):
-        self.bundles = bundles
-        """Each phase's bundle moving ``size_bytes`` per byte of the op (scaled by the fit)."""
-        self.latencies_s = latencies_s
-        self.base_latency_s = base_latency_s
-        """Added once, before the first phase."""
-        self._scaled: dict[float, list[Bundle | None]] = {}
+    bundles: tuple[Bundle | None, ...]
+    """Each phase's bundle moving ``size_bytes`` per byte of the op (scaled by the fit)."""
+    latencies_s: tuple[float, ...]
+    base_latency_s: float
+    """Added once, before the first phase."""
 
     def scaled(self, nbytes: float) -> list[Bundle | None]:
-        """The bundles for an op of ``nbytes`` (one list per size, shared: read, never
-        changed; a call recurs at every layer and micro-batch with the same bytes)."""
-        hit = self._scaled.get(nbytes)
-        if hit is None:
-            hit = self._scaled[nbytes] = [
-                None if b is None else b._replace(size_bytes=b.size_bytes * nbytes)
+        return [None if b is None else b._replace(size_bytes=b.size_bytes * nbytes)
                 for b in self.bundles]
-        return hit
 
 
 class FlowPlanner:
@@ -121,9 +111,8 @@ class FlowPlanner:
         one = {r: rep.setdefault((tuple(v), cap[r]), r) for r, v in sig.items()
                if r[0] != "cpu"}  # compute shares the cores outside the planner's bundles
         for key, plan in self._memo.items():
-            self._memo[key] = Planned(tuple(None if b is None else _merge(b, one)
-                                            for b in plan.bundles),
-                                      plan.latencies_s, plan.base_latency_s)
+            self._memo[key] = plan._replace(bundles=tuple(
+                None if b is None else _merge(b, one) for b in plan.bundles))
         self._merged = True
 
     # -- the public calls ------------------------------------------------------------------
