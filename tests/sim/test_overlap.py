@@ -21,13 +21,25 @@ from twin.spec import ParallelPlan, build_job
 S = 0.25
 
 
-def test_the_closed_form():
+def closed_form(start: float, c: float, a: float, b: float, s: float) -> float:
+    """``c`` seconds of compute from ``start`` beside a call over [a, b], by cases."""
+    a, b = max(a, start), max(b, start)
+    if s <= 0 or start + c <= a:
+        return start + c
+    done = a - start  # work before the call
+    if done + (b - a) / (1 + s) >= c:
+        return a + (c - done) * (1 + s)
+    return b + c - done - (b - a) / (1 + s)
+
+
+@pytest.mark.parametrize("end", [overlapped_end, closed_form])
+def test_the_closed_form(end):
     c, s = 4.0, 1.0  # rate 1/2 beside the call
-    assert overlapped_end(0.0, c, 5.0, 9.0, s) == c  # done before the call
-    assert overlapped_end(0.0, c, 1.0, 9.0, s) == 1.0 + 3.0 * 2  # ends beside it
-    assert overlapped_end(0.0, c, 1.0, 3.0, s) == 3.0 + 4.0 - 1.0 - 1.0  # a call inside it
-    assert overlapped_end(2.0, c, 0.0, 4.0, s) == 4.0 + 4.0 - 1.0  # started beside it
-    assert overlapped_end(0.0, c, 1.0, 3.0, 0.0) == c
+    assert end(0.0, c, 5.0, 9.0, s) == c  # done before the call
+    assert end(0.0, c, 1.0, 9.0, s) == 1.0 + 3.0 * 2  # ends beside it
+    assert end(0.0, c, 1.0, 3.0, s) == 3.0 + 4.0 - 1.0 - 1.0  # a call inside it
+    assert end(2.0, c, 0.0, 4.0, s) == 4.0 + 4.0 - 1.0  # started beside it
+    assert end(0.0, c, 1.0, 3.0, 0.0) == c
 
 
 def test_advance_is_piecewise_linear():
@@ -67,17 +79,17 @@ def test_an_op_pays_for_the_share_it_overlapped(c, issue_us, bytes_):
     a, b = float(sim.start[0][1]), float(sim.end[0][1])
     assert a == pytest.approx(issue_us * 1e-6)  # issued then, and nothing keeps it waiting
     assert float(sim.start[0][0]) == 0.0
-    assert float(sim.end[0][0]) == pytest.approx(overlapped_end(0.0, c, a, b, S), rel=1e-12)
+    assert float(sim.end[0][0]) == pytest.approx(closed_form(0.0, c, a, b, S), rel=1e-12)
 
 
 def test_the_next_op_runs_slow_until_the_call_ends_then_at_full_rate():
     c, c2 = 1e-3, 8e-3
     _, sim = _run(_ops(c, c2, 4e8), S, 4e8, 500.0)
     a, b = float(sim.start[0][1]), float(sim.end[0][1])
-    e1 = overlapped_end(0.0, c, a, b, S)
+    e1 = closed_form(0.0, c, a, b, S)
     assert float(sim.end[0][0]) == pytest.approx(e1, rel=1e-12)
     assert b < e1 + c2  # the call ends inside b's run
-    assert float(sim.end[0][2]) == pytest.approx(overlapped_end(e1, c2, a, b, S), rel=1e-12)
+    assert float(sim.end[0][2]) == pytest.approx(closed_form(e1, c2, a, b, S), rel=1e-12)
 
 
 def test_without_slowdown_the_times_are_the_plain_ones():

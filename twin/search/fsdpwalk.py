@@ -43,7 +43,7 @@ def chunk_s(n: int, c: float, g: float, r: float = 0.0, wait: bool = False,
         if k + 1 < n and g:  # the next layer's gather, issued as this one starts
             link = max(link, start) + g
             ready = link
-        done = overlapped_end(start, c, start, link, s) if link > start else start + c
+        done = overlapped_end(start, c, start, link, s)  # slowed while the links are busy
         if r:  # this layer's gradients, after what the links were given before
             link = max(link, done) + r
     if wait:

@@ -39,15 +39,10 @@ def advance(t: float, work: float, times: list[float], factors: list[float]) -> 
 
 
 def overlapped_end(start: float, c: float, a: float, b: float, s: float) -> float:
-    """The closed form (module docstring): ``c`` seconds of compute from ``start`` beside a
-    call in flight over [a, b] (the search's estimate walks with it)."""
-    a, b = max(a, start), max(b, start)
-    if s <= 0 or start + c <= a:
-        return start + c
-    done = a - start  # work before the call
-    if done + (b - a) / (1 + s) >= c:
-        return a + (c - done) * (1 + s)
-    return b + c - done - (b - a) / (1 + s)
+    """When ``c`` seconds of compute from ``start`` end beside one call in flight over
+    [a, b] (the module docstring's closed form, by ``advance``; the search's estimate walks
+    with it)."""
+    return advance(start, c, [start, max(a, start), max(b, start)], [1.0, 1.0 + s, 1.0])
 
 
 class ComputeClock:
