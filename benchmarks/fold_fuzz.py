@@ -99,6 +99,19 @@ def random_job(rng: random.Random, async_share: float):
     return job, profile, what
 
 
+def profiles() -> dict[str, CostModel]:
+    """The profiles random_job names."""
+    return {n: CostModel.load(CONF_DIR / "profiles" / f"{n}.yaml") for n in ("dgx_h100", "dgx_a100")}
+
+
+def both_ways(job, cost) -> tuple[dict, dict]:
+    """The summaries of ``job`` simulated with every rank and micro-batch, and as `simulate`
+    runs it (fold=auto, fast-forward)."""
+    full, fast = (simulate(job, cost, SimOptions(fold=f, fast_forward=ff), trace="none").summary
+                  for f, ff in (("none", False), ("auto", True)))
+    return full, fast
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1)
@@ -108,8 +121,7 @@ def main() -> int:
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     rng = random.Random(args.seed)
-    profiles = {n: CostModel.load(CONF_DIR / "profiles" / f"{n}.yaml")
-                for n in ("dgx_h100", "dgx_a100")}
+    costs = profiles()
     done = folded = forwarded = 0
     errors, mismatches = [], []
     t0 = time.perf_counter()
@@ -118,11 +130,8 @@ def main() -> int:
         if got is None:
             continue
         job, profile, what = got
-        cost = profiles.get(profile)
         try:
-            full, fast = (simulate(job, cost, SimOptions(fold=f, fast_forward=ff),
-                                   trace="none").summary
-                          for f, ff in (("none", False), ("auto", True)))
+            full, fast = both_ways(job, costs.get(profile))
         except ConfigError:  # (what the plan cannot run, past build_job: the work budget)
             continue
         except Exception as e:  # noqa: BLE001 - reported, the fuzz goes on

@@ -9,11 +9,7 @@ import warnings
 
 import pytest
 
-from benchmarks.fold_fuzz import random_job
-from paratwin.config import CONF_DIR
-from twin.cost import CostModel
-from twin.sim.engine import SimOptions
-from twin.sim.run import simulate
+from benchmarks.fold_fuzz import both_ways, profiles, random_job
 
 
 def _plans(seed: int, n: int):
@@ -27,14 +23,11 @@ def _plans(seed: int, n: int):
 
 @pytest.mark.parametrize("seed", [101, 102])
 def test_random_plans_fold_and_fast_forward_exactly(seed):
-    profiles = {n: CostModel.load(CONF_DIR / "profiles" / f"{n}.yaml")
-                for n in ("dgx_h100", "dgx_a100")}
+    costs = profiles()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for job, profile, what in _plans(seed, 12):
-            full, fast = (simulate(job, profiles.get(profile), SimOptions(fold=f, fast_forward=ff),
-                                   trace="none").summary
-                          for f, ff in (("none", False), ("auto", True)))
+            full, fast = both_ways(job, costs.get(profile))
             assert fast["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9), what
             peaks = fast["peak_memory_bytes"]
             assert all(peaks[r] == full["peak_memory_bytes"][r] for r in peaks), what
