@@ -7,25 +7,31 @@ information) and prints its table; the last line gives the median absolute step-
 (target <= 5%), the largest error and how many predictions fall inside the measured p10-p90
 band (target: >= 80%).
 
-`--fit-first` (the issue's protocol): this host's multi-process speed drifts by up to 2x
-between hours, so the profile is fitted right before the validation, from executed runs of
-*other* configurations (val_small at seq_len 128, and at hidden 512 with 8 heads, under
-ddp, tp_sp, pp_1f1b, fsdp, tp, zero2 and dp: 14 runs, about 3 minutes), with
-`paratwin calibrate traces=...` into OUT/profile.yaml, and the suite is validated with it.
-Without it, give `calibration=` (default: the cluster's own profile, conf/profiles/cpu_local.yaml).
+`--fit-first` (the issue's protocol): the profile is fitted from executed runs of *other*
+configurations (val_small at seq_len 128, and at hidden 512 with 8 heads, under ddp, tp_sp,
+pp_1f1b, fsdp, tp, zero2 and dp: 14 runs), with `paratwin calibrate traces=...` into
+OUT/profile.yaml, and the suite is validated with it. This host's multi-process speed drifts
+by up to 2x between hours and by tens of percent within one (the same ddp replay measured
+216 ms and 278 ms four hours apart), so the fit's runs and the validated runs are measured in
+one window, in alternation: for each preset of the suite in turn, its paradigm's training
+runs (if it has any), then its validation run (`measure_interleaved`). Only then is the
+profile fitted, and `paratwin validate` run again over the same directory: it keeps every
+measurement and predicts each run again under the fitted profile (validate's resume). No
+validated run is seen by the fit. Without it, give `calibration=` (default: the cluster's
+own profile, conf/profiles/cpu_local.yaml).
 
 With `--fit-first against=pytorch|both`, real training follows the same protocol: the other
-configurations (but zero2 and dp, which PyTorch has no counterpart for) are trained with PyTorch's own
-DDP / FSDP2 / DTensor / pipelining, one more step of each profiled (torch.profiler's time per op
-kind, written as the runs file's gemm_s ... optimizer_s), and their step and kind times fitted
-with `paratwin calibrate runs=... start=OUT/profile.yaml` (what a real step adds: the
-framework's cost per op, the eager AdamW)
-into OUT/profile_pytorch.yaml, which the suite's PyTorch steps are then held against
-(OUT/validate_pytorch); the replays keep the traces-fitted profile (OUT/validate). PyTorch's
-steps, for the fit and the validation, are measured after 4 warm-up steps, 12 of them, and
-every validation run whose p10-p90 band is wider than 25% of its median is measured again (at
-most twice, the narrowest kept: PROTOCOL, PYTORCH_PROTOCOL; the same fields on the command line
-replace them).
+configurations (but zero2 and dp, which PyTorch has no counterpart for) are trained with
+PyTorch's own DDP / FSDP2 / DTensor / pipelining beside their replays, one more step of each
+profiled (torch.profiler's time per op kind, written as the runs file's gemm_s ...
+optimizer_s), and their step and kind times fitted with `paratwin calibrate runs=...
+start=OUT/profile.yaml` (what a real step adds: the framework's cost per op, the eager AdamW)
+into OUT/profile_pytorch.yaml, which the suite's PyTorch steps (OUT/validate_pytorch, trained
+in the same alternation) are then held against; the replays keep the traces-fitted profile
+(OUT/validate). PyTorch's steps, for the fit and the validation, are measured after 4
+warm-up steps, 12 of them, and every validation run whose p10-p90 band is wider than 25% of
+its median is measured again (at most twice, the narrowest kept: PROTOCOL, PYTORCH_PROTOCOL;
+the same fields on the command line replace them).
 
 Against real training too: `python benchmarks/validate_suite.py against=both` also trains
 each preset PyTorch has a counterpart for with its own DDP / FSDP2 / DTensor TP-SP /
@@ -59,21 +65,27 @@ def paratwin(*args: str) -> int:
     return subprocess.run(cmd).returncode
 
 
-def fit_first(out: Path) -> Path:
-    """Execute the training configurations and fit a profile from their traces."""
+def execute_training(out: Path, preset: str) -> list[str]:
+    """Execute ``preset``'s training configurations (once: a finished one is kept); their
+    run directories."""
     dirs = []
-    t0 = time.perf_counter()
-    for preset in TRAIN_PRESETS:
-        for tag, model in TRAIN_MODELS.items():
-            d = out / "train" / f"{preset}-{tag}"
-            if not (d / "summary.json").exists():
-                rc = paratwin("execute", "model=val_small", *model, f"parallel={preset}",
-                              "cluster.gpus_per_node=2", "steps=8", "warmup=2", f"out_dir={d}",
-                              "report=false", "format=json")
-                if rc:
-                    sys.exit(rc)
-            dirs.append(str(d))
+    for tag, model in TRAIN_MODELS.items():
+        d = out / "train" / f"{preset}-{tag}"
+        if not (d / "summary.json").exists():
+            rc = paratwin("execute", "model=val_small", *model, f"parallel={preset}",
+                          "cluster.gpus_per_node=2", "steps=8", "warmup=2", f"out_dir={d}",
+                          "report=false", "format=json")
+            if rc:
+                sys.exit(rc)
+        dirs.append(str(d))
+    return dirs
+
+
+def fit_traces(out: Path) -> Path:
+    """Fit a profile from the executed training runs' traces."""
+    dirs = [d for preset in TRAIN_PRESETS for d in execute_training(out, preset)]
     profile = out / "profile.yaml"
+    t0 = time.perf_counter()
     rc = paratwin("calibrate", f"traces=[{','.join(dirs)}]", f"out={profile}",
                   f"out_dir={out / 'calibrate'}", "force=true")
     if rc:
@@ -113,23 +125,31 @@ def kind_columns(src: dict, world: int) -> dict[str, float]:
             if prof["kinds"].get(kind, 0) > 0}
 
 
+def train_pytorch(out: Path, preset: str, measure: list[str]) -> None:
+    """Train ``preset``'s other configurations with PyTorch's own DDP / FSDP2 / DTensor /
+    pipelining, time their steps and profile one more (the time per op kind); ``measure``:
+    the steps measured (warmup=, steps=). A finished one is kept (validate's resume)."""
+    for tag, model in TRAIN_MODELS.items():
+        rc = paratwin("validate", "report=false", "against=pytorch", "pytorch_profile=true", *measure,
+                      f"suite=[{preset}]", "info_suite=[]",
+                      "overrides=[" + ",".join(f"'{m}'" for m in model) + "]",
+                      f"out_dir={out / 'train_pytorch' / tag}")
+        if rc:
+            sys.exit(rc)
+
+
 def fit_pytorch(out: Path, start: Path, measure: list[str]) -> Path:
-    """Train the same other configurations with PyTorch's own DDP / FSDP2 / DTensor / pipelining,
-    time their steps (and profile one more: the time per op kind), and fit what a real step
-    adds to the replayed schedule (the framework's cost per op, the eager optimizer) with
-    `paratwin calibrate runs=...`, starting from the traces-fitted ``start``; ``measure``: the
-    steps measured (warmup=, steps=)."""
+    """Fit what a real step adds to the replayed schedule (the framework's cost per op, the
+    eager optimizer) from the trained configurations' step and kind times with `paratwin
+    calibrate runs=...`, starting from the traces-fitted ``start``."""
     t0 = time.perf_counter()
     rows = []
     for tag, model in TRAIN_MODELS.items():
-        d = out / "train_pytorch" / tag
-        rc = paratwin("validate", "report=false", "against=pytorch", "pytorch_profile=true", *measure,
-                      f"suite=[{','.join(PYTORCH_PRESETS)}]", "info_suite=[]",
-                      "overrides=[" + ",".join(f"'{m}'" for m in model) + "]",
-                      f"calibration={start}", f"out_dir={d}")
-        if rc:
-            sys.exit(rc)
-        for run in json.loads((d / "validate.json").read_text())["runs"]:
+        for preset in PYTORCH_PRESETS:
+            done = out / "train_pytorch" / tag / f"{preset}-w2" / "result.json"
+            if not done.exists():  # a preset outside the suite: trained now
+                train_pytorch(out, preset, measure)
+            run = json.loads(done.read_text())
             src = run["sources"].get("pytorch", {})
             if "measured_p50_s" in src:
                 rows.append({"name": f"{run['parallel']}-{tag}", "parallel": run["parallel"],
@@ -158,22 +178,63 @@ def fit_pytorch(out: Path, start: Path, measure: list[str]) -> Path:
     return profile
 
 
+def suite_of(args: list[str]) -> list[tuple[str, str]]:
+    """(field, preset) of every run the validation holds: the command line's suite= and
+    info_suite= when given, else conf/validate.yaml's."""
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "validate.yaml")
+    given = {a.split("=", 1)[0]: OmegaConf.from_dotlist([a])[a.split("=", 1)[0]]
+             for a in args if a.startswith(("suite=", "info_suite="))}
+    return [(field, str(p)) for field in ("suite", "info_suite")
+            for p in (given[field] if field in given else conf[field]) or []]
+
+
+def measure_interleaved(out: Path, args: list[str], against: str, measure: list[str]) -> None:
+    """Measure the fit's runs and the validated runs in alternation (module docstring): per
+    preset, its paradigm's training runs, then its validation run(s), predicted for now under
+    the cluster's own profile (predicted again once the fit is done)."""
+    rest = [a for a in args if not a.startswith(("suite=", "info_suite="))]
+    fields = tuple(f"{a.split('=', 1)[0]}=" for a in PYTORCH_PROTOCOL)
+    plain = [a for a in rest if not a.startswith(fields)]
+    for field, preset in suite_of(args):
+        if preset in TRAIN_PRESETS:
+            execute_training(out, preset)
+        one = [f"{field}=[{preset}]", f"{'info_suite' if field == 'suite' else 'suite'}=[]"]
+        if against in ("replay", "both"):
+            rc = paratwin("validate", "report=false", "against=replay", *one, *rest,
+                          *protocol(rest, PROTOCOL), f"out_dir={out / 'validate'}")
+            if rc:
+                sys.exit(rc)
+        if against in ("pytorch", "both"):
+            if preset in PYTORCH_PRESETS:
+                train_pytorch(out, preset, measure)
+            rc = paratwin("validate", "report=false", "against=pytorch", *one, *plain, *measure,
+                          f"out_dir={out / 'validate_pytorch'}")
+            if rc:
+                sys.exit(rc)
+
+
 def main() -> None:
     args = [a for a in sys.argv[1:] if a != "--fit-first"]
     if "--fit-first" in sys.argv[1:]:
         given = [a.split("=", 1)[1] for a in args if a.startswith("out_dir=")]
         out = Path(given[0] if given else f"reports/validate_suite/{time.strftime('%Y%m%d-%H%M%S')}")
-        profile = fit_first(out)
         against = next((a.split("=", 1)[1] for a in args if a.startswith("against=")), "replay")
         args = [a for a in args if not a.startswith(("out_dir=", "calibration=", "against="))]
+        fields = tuple(f"{a.split('=', 1)[0]}=" for a in PYTORCH_PROTOCOL)
+        measure = protocol(args) + [a for a in args if a.startswith(fields)]
+        t0 = time.perf_counter()
+        measure_interleaved(out, args, against, measure)
+        print(f"measured the fit's runs and the validated ones in {time.perf_counter() - t0:.0f} s",
+              flush=True)
+        profile = fit_traces(out)
         rc = 0
-        if against in ("replay", "both"):
+        if against in ("replay", "both"):  # every run kept: predicted again under the fit
             rc |= paratwin("validate", "report=false", "against=replay", *args, *protocol(args, PROTOCOL),
                            f"calibration={profile}", f"out_dir={out / 'validate'}")
         if against in ("pytorch", "both"):
             # a real step is a different program from the replay: its own fit, same protocol
-            fields = tuple(f"{a.split('=', 1)[0]}=" for a in PYTORCH_PROTOCOL)
-            measure = protocol(args) + [a for a in args if a.startswith(fields)]
             rest = [a for a in args if not a.startswith(fields)]
             rc |= paratwin("validate", "report=false", "against=pytorch", *rest, *measure,
                            f"calibration={fit_pytorch(out, profile, measure)}",

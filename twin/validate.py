@@ -13,6 +13,8 @@ measured again (``steadiest``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -74,6 +76,28 @@ def compare(measured_summary: dict, predicted_summary: dict) -> dict:
             "measured_p90_s": m["step_time_p90_s"], "predicted_s": p,
             "error": p / m["step_time_s"] - 1,
             "in_band": m["step_time_p10_s"] <= p <= m["step_time_p90_s"]}
+
+
+def profile_id(cost) -> str:
+    """A profile's identity: a digest of everything it holds (fitted profiles keep their
+    cluster's name, so the name alone does not tell two fits apart)."""
+    text = json.dumps(cost.to_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def kept_summary(src: dict) -> dict:
+    """A source's kept measurement (resume) as ``compare`` reads a summary."""
+    return {"step_time_s": src["measured_p50_s"], "step_time_p10_s": src["measured_p10_s"],
+            "step_time_p90_s": src["measured_p90_s"]}
+
+
+def kept_dir(src: dict, first: Path) -> Path:
+    """The directory of the measurement a source kept: its ``measured_dir``, else (rows
+    written before it was recorded) the narrowest of its attempts."""
+    if src.get("measured_dir"):
+        return first.with_name(src["measured_dir"])
+    tried = src.get("attempts") or [{"dir": first.name, "spread": 0.0}]
+    return first.with_name(min(tried, key=lambda a: a["spread"])["dir"])
 
 
 def spread(measured_summary: dict) -> float:

@@ -5,7 +5,10 @@ median and p10-p90 over steps), the twin simulates the same job with the calibra
 profile, and the two are compared: step-time error, whether the prediction falls inside
 the measured band, and per-op-kind errors over the ops both traces hold (same op ids).
 Results land in OUT_DIR/NAME/ (execute/, twin/, result.json, report.html) and
-OUT_DIR/validate.json; finished runs are kept when the suite is run again (resume). With
+OUT_DIR/validate.json; finished runs are kept when the suite is run again (resume): their
+measurements as they are, and the twin's side simulated again when ``calibration`` names
+another profile than the one they were predicted with (measure once, validate any profile).
+With
 ``max_spread`` a run whose p10-p90 band is wider than that fraction of its median (a noisy
 host) is measured again, up to ``retries`` times (NAME/execute.retryK, NAME/pytorch.retryK),
 and the narrowest kept; every attempt is listed under ``attempts``.
@@ -43,7 +46,10 @@ from twin.spec.errors import check_choice
 from twin.trace import Trace
 from twin.validate import (
     compare,
+    kept_dir,
+    kept_summary,
     kind_errors,
+    profile_id,
     profile_kind_errors,
     source_rows,
     steadiest,
@@ -62,7 +68,7 @@ def _passthrough() -> tuple[str, str, list[str]]:
 
 SOURCES = {"replay": ("replay",), "pytorch": ("pytorch",), "both": ("replay", "pytorch")}
 FIGURES = ("measured_p50_s", "measured_p10_s", "measured_p90_s", "predicted_s", "error", "in_band",
-           "kinds", "profile", "wall_s", "report_error")
+           "kinds", "profile", "profile_id", "wall_s", "report_error")
 """A source's figures that a row also carries at its top level (its first source's)."""
 TITLES = {"replay": "against the replay (paratwin execute runs the schedule)",
           "pytorch": "against PyTorch (its DDP / FSDP2 / DTensor TP-SP / pipelining train the model)"}
@@ -98,19 +104,29 @@ def _execute(name: str, ecfg, where: Path) -> dict:
     return json.loads((where / "summary.json").read_text())
 
 
-def run_replay(name: str, ecfg, cfg, out: Path) -> dict:
+def run_replay(name: str, ecfg, cfg, out: Path, kept: dict | None = None) -> dict:
     """`paratwin execute` the preset (again while its band is too wide: ``max_spread``),
-    simulate it, compare: the replay's figures."""
+    simulate it, compare: the replay's figures. ``kept``: figures of a finished measurement
+    (resume under another profile): nothing is executed, the twin's side is made again."""
     twin_dir = out / name / "twin"
     t0 = time.perf_counter()
-    exec_dir, measured, attempts = _steadiest(name, lambda d: _execute(name, ecfg, d),
-                                              Path(str(ecfg.out_dir)), cfg)
+    first = Path(str(ecfg.out_dir))
+    if kept is None:
+        exec_dir, measured, attempts = _steadiest(name, lambda d: _execute(name, ecfg, d), first, cfg)
+    else:
+        exec_dir, measured, attempts = kept_dir(kept, first), kept_summary(kept), kept.get("attempts")
+        if not (exec_dir / "spans.json").is_file():
+            raise ConfigError(f"validate {name}: its kept measurement {exec_dir} is gone, so it "
+                              "cannot be predicted again under this profile; give resume=false "
+                              "to measure it again")
     job = job_from_cfg(ecfg)
     cost = load_profile(cfg.get("calibration"), job.cluster)
     res = _simulate(job, cost, twin_dir, cfg, (exec_dir / rundir.CONFIG).read_text())
     fig = {**compare(measured, res.summary),
            "kinds": kind_errors(Trace.load(exec_dir / "spans.json"), res.trace),
-           "profile": cost.name, "wall_s": time.perf_counter() - t0, "attempts": attempts}
+           "profile": cost.name, "profile_id": profile_id(cost),
+           "wall_s": time.perf_counter() - t0 if kept is None else kept["wall_s"],
+           "attempts": attempts, "measured_dir": exec_dir.name}
     if cfg.get("report", True):
         try:
             from twin.report import write_report
@@ -131,16 +147,17 @@ def _simulate(job, cost, twin_dir: Path, cfg, config_text: str):
 
 
 def run_pytorch(name: str, preset: str, world: int, cfg, out: Path, passthrough,
-                threads: int) -> dict:
+                threads: int, kept: dict | None = None) -> dict:
     """Train the preset with PyTorch's own APIs (conformance), time its steps, simulate the
-    same job (conformance's config: its schedule options), compare; or ``{"skipped": why}``."""
+    same job (conformance's config: its schedule options), compare; or ``{"skipped": why}``.
+    ``kept``: figures of a finished training run (resume under another profile): nothing is
+    trained, the twin's side is made again."""
     from omegaconf import OmegaConf
 
     from executor.conformance.model import check_model
     from executor.conformance.parallelize import check_plan
     from executor.conformance.runner import conform
     from executor.launch import Interrupted, LaunchError
-    from twin.calibrate.kindtime import kind_seconds
 
     model, cluster, extra = passthrough
     ccfg = compose(config_name="conformance", overrides=[
@@ -174,21 +191,35 @@ def run_pytorch(name: str, preset: str, world: int, cfg, out: Path, passthrough,
                 from None
         return res["timing"]
 
+    cost = load_profile(cfg.get("calibration"), job.cluster)
+    if kept is not None:  # the kept training's figures, the twin's side made again
+        sim = _simulate(job, cost, out / name / "pytorch_twin", cfg, OmegaConf.to_yaml(ccfg))
+        prof = kept.get("torch_profile")
+        return {**kept, **compare(kept_summary(kept), sim.summary),
+                "kinds": _pytorch_kinds(prof, sim, job, cost), "profile": cost.name,
+                "profile_id": profile_id(cost)}
     where, timing, attempts = _steadiest(name, train, out / name / "pytorch", cfg)
     res = runs[where]
-    cost = load_profile(cfg.get("calibration"), job.cluster)
     sim = _simulate(job, cost, out / name / "pytorch_twin", cfg, OmegaConf.to_yaml(ccfg))
     prof = timing["profile"]
-    return {**compare(timing, sim.summary),
-            "kinds": profile_kind_errors(prof["kinds"], sim.trace, {
-                k: v * job.grid.world_size for k, v in kind_seconds(job, cost).items()})
-            if prof else {},
-            "profile": cost.name, "wall_s": time.perf_counter() - t0,
+    return {**compare(timing, sim.summary), "kinds": _pytorch_kinds(prof, sim, job, cost),
+            "profile": cost.name, "profile_id": profile_id(cost),
+            "wall_s": time.perf_counter() - t0,
             "steps": timing["measured_steps"], "warmup": warmup,
             "step_times_s": timing["step_times_s"], "per_rank_median_s": timing["per_rank_median_s"],
-            "torch_profile": prof, "attempts": attempts,
+            "torch_profile": prof, "attempts": attempts, "measured_dir": where.name,
             "conformance": {"plan": res["plan"], "differences": len(res["differences"]),
                             "documented": len(res["documented"])}}
+
+
+def _pytorch_kinds(prof: dict | None, sim, job, cost) -> dict:
+    """torch.profiler's time per kind against the twin's (nothing without a profiled step)."""
+    from twin.calibrate.kindtime import kind_seconds
+
+    if not prof:
+        return {}
+    return profile_kind_errors(prof["kinds"], sim.trace, {
+        k: v * job.grid.world_size for k, v in kind_seconds(job, cost).items()})
 
 
 def _promote(row: dict, order: tuple[str, ...]) -> None:
@@ -210,24 +241,28 @@ def run_one(name: str, preset: str, world: int, cfg, out: Path, passthrough,
     row = json.loads(done.read_text()) if cfg.get("resume", True) and done.exists() else None
     if row is not None:
         row.setdefault("sources", {"replay": {k: row[k] for k in FIGURES if k in row}})
-        if all(s in row["sources"] for s in sources):
-            _promote(row, sources)
-            return row
     row = row or {"name": name, "parallel": preset, "world_size": world, "sources": {}}
     model, cluster, extra = passthrough
-    args = [f"model={model}", f"cluster={cluster}", f"parallel={preset}",
-            f"cluster.gpus_per_node={world}", f"steps={cfg.steps}", f"warmup={cfg.warmup}",
-            f"timeout_s={cfg.timeout_s}", f"out_dir={out / name / 'execute'}", "format=json",
-            "report=false", *extra, *list(cfg.get("overrides") or [])]
-    ecfg = compose(config_name="execute", overrides=args)  # this app's config tree
+    ecfg, wanted = None, None  # the execute config, the calibration's profile_id: when needed
     for src in sources:
-        if src in row["sources"]:
+        kept = row["sources"].get(src)
+        if kept is not None and ("profile_id" not in kept or "error" not in kept):
+            continue  # skipped, or written before profiles were told apart: kept as it is
+        if ecfg is None:
+            ecfg = compose(config_name="execute", overrides=[  # this app's config tree
+                f"model={model}", f"cluster={cluster}", f"parallel={preset}",
+                f"cluster.gpus_per_node={world}", f"steps={cfg.steps}", f"warmup={cfg.warmup}",
+                f"timeout_s={cfg.timeout_s}", f"out_dir={out / name / 'execute'}", "format=json",
+                "report=false", *extra, *list(cfg.get("overrides") or [])])
+            wanted = profile_id(load_profile(cfg.get("calibration"), job_from_cfg(ecfg).cluster))
+        if kept is not None and kept["profile_id"] == wanted:
             continue
-        row["sources"][src] = run_replay(name, ecfg, cfg, out) if src == "replay" else \
-            run_pytorch(name, preset, world, cfg, out, passthrough, int(ecfg.get("threads", 1)))
+        row["sources"][src] = run_replay(name, ecfg, cfg, out, kept) if src == "replay" else \
+            run_pytorch(name, preset, world, cfg, out, passthrough, int(ecfg.get("threads", 1)), kept)
         _promote(row, sources)
         done.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(done, row)
+    _promote(row, sources)
     return row
 
 

@@ -31,7 +31,29 @@ def test_validate_one_config_end_to_end(tmp_path):
     again = paratwin("validate", "model=tiny", "suite=[ddp]", "info_suite=[]", "steps=2",
                      "warmup=1", "calibration=null", "report=false",
                      f"out_dir={tmp_path / 'v'}", "format=json", cwd=tmp_path)
-    assert json.loads(again.stdout)["runs"][0]["wall_s"] == row["wall_s"]
+    kept = json.loads(again.stdout)["runs"][0]
+    assert kept["wall_s"] == row["wall_s"] and kept["predicted_s"] == row["predicted_s"]
+    # resumed under another profile: the same measurement, predicted again, nothing executed
+    before = sorted(p.name for p in (tmp_path / "v" / "ddp-w2").iterdir())
+    other = paratwin("validate", "model=tiny", "suite=[ddp]", "info_suite=[]", "steps=2",
+                     "warmup=1", "calibration=cpu_local", "report=false",
+                     f"out_dir={tmp_path / 'v'}", "format=json", cwd=tmp_path)
+    assert other.returncode == 0, other.stderr[-2000:]
+    (moved,) = json.loads(other.stdout)["runs"]
+    assert moved["predicted_s"] != row["predicted_s"] and moved["profile_id"] != row["profile_id"]
+    for key in ("measured_p50_s", "measured_p10_s", "measured_p90_s", "wall_s"):
+        assert moved[key] == row[key], key
+    assert moved["sources"]["replay"]["attempts"] == row["sources"]["replay"]["attempts"]
+    assert moved["error"] == pytest.approx(moved["predicted_s"] / row["measured_p50_s"] - 1)
+    assert moved["kinds"]["_join"]["matched"] == row["kinds"]["_join"]["matched"]
+    assert sorted(p.name for p in (tmp_path / "v" / "ddp-w2").iterdir()) == before
+    # a kept measurement that is gone: one line naming it and the fix
+    import shutil
+    shutil.rmtree(tmp_path / "v" / "ddp-w2" / "execute")
+    gone = paratwin("validate", "model=tiny", "suite=[ddp]", "info_suite=[]", "steps=2",
+                    "warmup=1", "calibration=null", "report=false",
+                    f"out_dir={tmp_path / 'v'}", cwd=tmp_path)
+    assert gone.returncode != 0 and "resume=false" in gone.stderr.strip().splitlines()[-1]
     # a noisy run measured again (max_spread), into a directory of its own; the narrowest kept
     out = paratwin("validate", "model=tiny", "suite=[ddp]", "info_suite=[]", "steps=2", "warmup=1",
                    "calibration=null", "report=false", f"out_dir={tmp_path / 'w'}",

@@ -60,3 +60,13 @@ def test_validate_against_pytorch_times_real_training(tmp_path):
     # resumable: a second run keeps the finished result
     again = paratwin(*args, cwd=tmp_path, timeout=120)
     assert json.loads(again.stdout)["runs"][0]["sources"]["pytorch"]["wall_s"] == pt["wall_s"]
+    # under another profile: the same training's figures, the twin's side made again
+    other = paratwin(*[a if a != "calibration=null" else "calibration=cpu_local" for a in args],
+                     cwd=tmp_path, timeout=120)
+    assert other.returncode == 0, other.stderr[-2000:]
+    moved = json.loads(other.stdout)["runs"][0]["sources"]["pytorch"]
+    assert moved["predicted_s"] != pt["predicted_s"] and moved["profile_id"] != pt["profile_id"]
+    for key in ("measured_p50_s", "step_times_s", "attempts", "wall_s", "torch_profile"):
+        assert moved[key] == pt[key], key
+    assert moved["kinds"]["gemm"]["measured_s"] == kinds["gemm"]["measured_s"]
+    assert moved["kinds"]["gemm"]["predicted_s"] != kinds["gemm"]["predicted_s"]
