@@ -7,10 +7,12 @@ published H100 kernel and NCCL figures; fold=auto) of a configuration torchtitan
 in benchmarks/llama3_h100_202412_torchtitan.md (pytorch/torchtitan, Dec 2024: Llama 3.1,
 H100 SXM 96 GB HBM2e at 2.4 TB/s and 500 W, 400 Gb/s per GPU), with its TPS/GPU (tokens per
 second per GPU) and peak memory beside the twin's. Their GPUs differ from the dgx_h100
-preset (80 GB HBM3 at 3.35 TB/s, 700 W) and their selective checkpointing is op-level, so
-the rows measure how far the twin's mechanisms carry, not a fit. Sections:
+preset (80 GB HBM3 at 3.35 TB/s, 700 W), so the rows measure how far the twin's mechanisms
+carry, not a fit. Sections:
 
-- table1: Llama 3.1 8B on 8 GPUs, FSDP, eager / torch.compile / compile + FP8 (Table 1);
+- table1: Llama 3.1 8B on 8 GPUs, FSDP, eager / torch.compile / compile + FP8 (Table 1), with
+  torchtitan's selective checkpointing as its llama3_8b.toml sets it (selective_ac_option
+  'op': recompute=op);
 - cp8b:   Llama 3.1 8B on 8 GPUs, FSDP x CP = 8 at 32K-262K tokens, compile + FP8 (Table 2);
 - tp70b:  Llama 3.1 70B on 256 GPUs, FSDP 32 x TP 8, compile + FP8, async TP off / on (Table 4);
 - pp405b: Llama 3.1 405B on 512 GPUs, FSDP 8 x TP 8 x PP 8, 1F1B / interleaved (Table 5);
@@ -55,13 +57,13 @@ def _cp(seq: int, cp: int, *base: str, per_rank: int = 1) -> tuple[str, ...]:
 ROWS = {  # section: [(label, published TPS/GPU, published GiB, overrides)]
     "table1": [
         ("FSDP (eager)", 5762, 82.4, (*B8, "parallel.global_batch_size=16",
-                                      "parallel.micro_batch_size=2", "parallel.recompute=selective")),
+                                      "parallel.micro_batch_size=2", "parallel.recompute=op")),
         ("FSDP + compile", 6667, 77.0, (*B8, "parallel.global_batch_size=16",
-                                        "parallel.micro_batch_size=2", "parallel.recompute=selective",
+                                        "parallel.micro_batch_size=2", "parallel.recompute=op",
                                         *COMPILE)),
         ("FSDP + compile + FP8", 8532, 76.8, (*B8, "parallel.global_batch_size=16",
                                               "parallel.micro_batch_size=2",
-                                              "parallel.recompute=selective", *FAST)),
+                                              "parallel.recompute=op", *FAST)),
     ],
     "cp8b": [(f"FSDP {8 // cp}, CP {cp}, {seq // 1024}K", tps, mem,
               _cp(seq, cp, *B8, "parallel.recompute=full", *FAST))
