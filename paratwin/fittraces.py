@@ -78,6 +78,10 @@ def format_report(report: dict) -> str:
               f"  {'kind/link/n':<26} {'latency us':>11} {'bw GB/s':>9} {'pts':>4}"]
     for k, v in report["collectives"].items():
         lines.append(f"  {k:<26} {v['latency_us']:>11.1f} {v['bw_GBps']:>9.3f} {v['points']:>4}")
+    beside = report.get("busy_handoff_us") or {}
+    if beside.get("us") is not None:
+        lines.append(f"  beside busy cores a call waits {beside['us']:.0f} us more (busy_handoff_us, "
+                     f"from {beside['sizes']} kinds and sizes measured both ways; taken off above)")
     if report["collectives_kept"]:
         lines.append(f"  kept from the start profile: {', '.join(report['collectives_kept'])}")
     if report.get("bandwidth_unidentified"):

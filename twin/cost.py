@@ -98,6 +98,9 @@ class CostModel:
     """Compute runs 1 + this slower while a collective of its rank is in flight (sim/overlap.py)."""
     core_share: bool = True
     """On clusters with cores_per_node, ranks' compute shares the node's cores."""
+    busy_handoff_us: float = 0.0
+    """Shared CPU cores: a collective call started while its node's cores all compute waits
+    this long more, its thread woken into a full run queue (fitted from traces; GPUs: 0)."""
     cores_effective: float | None = None
     """Cores the ranks of a shared-CPU node effectively share; None: cores_per_node."""
     kernels_by_dtype: dict = field(default_factory=dict)
@@ -131,8 +134,7 @@ class CostModel:
     """Where the numbers come from (host, hardware, torch, backend, date, residuals)."""
     eager_model: CostModel | None = field(default=None, compare=False, repr=False)
     """In a ``compiled`` model, the eager one it came from: the ops torch.compile leaves
-    outside its compiled blocks (Op.outside_blocks) are priced by it. Never written to a
-    profile."""
+    outside its compiled blocks (Op.outside_blocks) are priced by it. Never written to a profile."""
 
     def compiled(self) -> CostModel:
         """This model under torch.compile (parallel.compile): each elementwise op one fused
@@ -231,11 +233,10 @@ class CostModel:
             lat = cluster.inter.latency_us if inter else cluster.intra.latency_us
         return lat * 1e-6
 
-    # -- files ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = dataclasses.asdict(dataclasses.replace(self, eager_model=None))
-        del d["eager_model"]
-        return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **d}
+        return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION,
+                **{k: v for k, v in d.items() if k != "eager_model"}}
 
     def save(self, path: str | Path) -> Path:
         """Write atomically: a half-written profile never replaces a good one."""
@@ -341,7 +342,6 @@ def timed_flops(op: Op) -> float:
     return op.flops * (0.5 if causal else 1.0)
 
 
-# -- checking a profile's data: every key known, every number in range ----------------------
 def profile_problems(data: dict) -> list[str]:
     """Every problem of a profile's data, each naming its key path (empty: fine)."""
     return _profile_problems(data, [f.name for f in dataclasses.fields(CostModel)

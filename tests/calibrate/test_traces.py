@@ -103,7 +103,7 @@ def test_the_fit_recovers_parameters_under_noise(tmp_path):
 
 def test_host_gaps_and_arrival_skew_are_measured(tmp_path):
     run = load_run(_write_run(tmp_path / "r", _job(512), gap_us=40.0, skew_us=100.0))
-    _, _, gaps, _, skew = measurements([run])
+    _, _, gaps, _, skew, _ = measurements([run])
     assert gaps["gemm"] and min(v for _, v in gaps["gemm"]) == pytest.approx(40.0, abs=1e-6)
     assert {tag for tag, _ in gaps["gemm"]} == {(0, 1), (0, 2)}  # (run, measured step)
     # two members, rank 1 100 us late at every collective: the last arrives max - mean = 50 us

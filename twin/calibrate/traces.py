@@ -14,7 +14,10 @@ A run directory written by ``paratwin execute`` holds the job and every op's spa
   ``collectives.csv``. Two waits the twin's identical ranks do not have are added to the
   fitted latency: the members' arrival spread (max - mean, among the peers of one pipeline
   stage: between stages the spread is structure the twin simulates), and on a host without
-  accelerators the hand-off to and from the thread that runs the collective;
+  accelerators the hand-off to and from the thread that runs the collective. There a call
+  that ran while its node's cores all computed also waited for a core (twin.calibrate.busy):
+  that wait is estimated from calls measured both ways, taken off those calls and fitted as
+  ``busy_handoff_us``, which the twin adds back where its cores are busy;
 - **host gaps**: the time between an op ending and the next op of the same stream
   starting when nothing else held the next one back (all its dependencies on that stream):
   what the rank's host spends between ops (dispatch, the executor's bookkeeping). On a host
@@ -34,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from twin import rundir
+from twin.calibrate.busy import BUSY_SHARE, busy_handoff, computing, node_compute
 from twin.calibrate.fit import robust_cv
 from twin.calibrate.profile import fit_collectives, fit_kernels, median_or_none
 from twin.cost import CostModel, default_cost_model, timed_flops
@@ -137,20 +141,25 @@ def _stats(samples: list[tuple[tuple, float]]) -> dict:
             "time_s_p90": float(np.percentile(t, 90)), "samples": len(t)}
 
 
-def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict, dict, dict]:
+def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict, dict, dict, dict]:
     """What ``runs`` measured: kernel rows of their quiet compute ops and collective rows of
     every collective (as ``paratwin bench`` writes them; collectives pooled, ``role`` "", and
     per group role), then in microseconds the host gaps (per kind of the op that waited),
     the hand-offs (per collective kind) and the arrival spread (per fit key, pooled and
-    ``@role``), each as ((run, step), microseconds) samples (``per_step``)."""
+    ``@role``), each as ((run, step), microseconds) samples (``per_step``), and on shared
+    cores what a call waits more beside busy cores (twin.calibrate.busy: ``us``, None when
+    no call measured it, and ``sizes``), taken off those calls' times in their rows."""
     kernels: dict[tuple, list[float]] = defaultdict(list)
-    colls: dict[tuple, list[float]] = defaultdict(list)
+    colls: dict[tuple, list] = defaultdict(list)
     gaps: dict[str, list[float]] = defaultdict(list)
     handoff: dict[str, list[float]] = defaultdict(list)
     skew: dict[str, list[float]] = defaultdict(list)
     for i, run in enumerate(runs):
         gpn = run.job.cluster.gpus_per_node
         busy = _comm_busy(run.spans, lambda r, gpn=gpn: r // gpn)
+        shared = run.job.cluster.intra.kind == "shared_cpu"
+        comp = node_compute(run.spans, lambda r, gpn=gpn: r // gpn) if shared else {}
+        cores = BUSY_SHARE * (run.job.cluster.cores_per_node or gpn)
         members: dict[tuple, list[Span]] = defaultdict(list)
         for s in run.spans:
             op = run.ops.get((s.rank, s.op))
@@ -174,14 +183,20 @@ def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict, d
                 spread = max(starts) - sum(starts) / len(starts)
                 skew[f"{last.kind}/intra/{len(group)}"].append(((i, step), spread))
                 skew[f"{last.kind}/intra/{len(group)}@{op.group_name}"].append(((i, step), spread))
+            beside = shared and computing(comp.get((step, last.rank // gpn)), last.start_us,
+                                          last.end_us) >= cores
             for role in ("", op.group_name):  # every group, and each role's (tp, dp, ...) own
-                colls[(op.kind, len(group), op.bytes, role)].append(((i, step), last.dur_us * 1e-6))
+                colls[(op.kind, len(group), op.bytes, role)].append(
+                    ((i, step), last.dur_us * 1e-6, beside))
         _gaps(run, i, gaps, handoff)
+    wait, sizes = busy_handoff({k: [(t, b) for _, t, b in v] for k, v in colls.items() if not k[3]})
     kernel_rows = [{"kind": k[0], "dtype": k[1], "flops": k[2], "bytes": k[3], **_stats(t)}
                    for k, t in kernels.items()]
-    coll_rows = [{"kind": k[0], "group_size": k[1], "bytes": k[2], "role": k[3], **_stats(t)}
-                 for k, t in colls.items()]
-    return kernel_rows, coll_rows, dict(gaps), dict(handoff), dict(skew)
+    coll_rows = [{"kind": k[0], "group_size": k[1], "bytes": k[2], "role": k[3],
+                  **_stats([(tag, t - (wait or 0.0) * b) for tag, t, b in v])}
+                 for k, v in colls.items()]
+    return kernel_rows, coll_rows, dict(gaps), dict(handoff), dict(skew), \
+        {"us": None if wait is None else wait * 1e6, "sizes": sizes}
 
 
 def _gaps(run: TracedRun, i: int, gaps: dict, handoff: dict) -> None:
@@ -246,7 +261,7 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
         raise TraceError(f"traces: runs of one cluster only; {', '.join(others)} ran on another "
                          f"cluster than {runs[0].path} ({cluster.name})")
     base = base or default_cost_model(cluster)
-    krows, crows, gaps, handoff, skew = measurements(runs)
+    krows, crows, gaps, handoff, skew, beside = measurements(runs)
     if not krows:
         raise TraceError("traces: no compute op ran alone on its node in these runs; nothing "
                          "to fit (run with fewer ranks than cores, or add runs)")
@@ -287,6 +302,8 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
         **base.kernels_by_dtype, **{dt: {**base.kernels_by_dtype.get(dt, {}), **ks}
                                     for dt, ks in by_dtype.items()}},
                      "collective_fits": {**base.collective_fits, **cfits}}
+    if beside["us"] is not None:
+        changes["busy_handoff_us"] = beside["us"]
     timed = [(r["time_s_median"], r["time_s_p10"], r["time_s_p90"]) for r in krows
              if r["time_s_median"] > 2e-3]
     if timed:
@@ -317,6 +334,7 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
                        for k, g in handoff_us.items()},
         "skew_us": {k: {"step_mean": g, "samples": len(skew[k]), "into": "latency_us"}
                     for k, g in skew_us.items()},
+        "busy_handoff_us": {**beside, "into": "busy_handoff_us"},
         "collectives_kept": sorted(set(base.collective_fits) - set(cfits)),
         "bandwidth_unidentified": sorted(unidentified),
         "measured": {"kernel_rows": len(krows), "collective_rows": len(crows)},

@@ -31,11 +31,22 @@ class Calls:
             else:
                 bundles, lats, base = self.flows.collective(op.kind, op.group, op.bytes,
                                                             op.group_name, op.root)
+            if self.cost.busy_handoff_us and self._cores_busy(op.group):
+                base += self.cost.busy_handoff_us * 1e-6
             self._next_phase(bundles, lats, 0, rv.done, self._noise(self.cost.comm_cv), base)
             if self.on_progress and len(op.group) >= 1024:
                 self.on_progress(self.ops_done)  # planning a large group takes a while: say so
         self.events += 1
         return rv.done
+
+    def _cores_busy(self, group: tuple[int, ...]) -> bool:
+        """Whether the cores of a node of ``group`` all compute (ranks on shared CPU cores:
+        the call's thread then waits for a time slice, CostModel.busy_handoff_us)."""
+        if not self.core_share:
+            return False
+        cap = self.fabric.capacity
+        nodes = {self.job.grid.node(m) for m in group}
+        return any(self.computing.get(n, 0.0) >= cap[("cpu", n)] - 1e-9 for n in nodes)
 
     def _next_phase(self, specs: list[Bundle | None], lats: list[float], k: int,
                     done: simpy.Event, noise: float, extra: float) -> None:

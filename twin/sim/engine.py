@@ -87,6 +87,8 @@ class Simulation(Calls):
         self._structures: dict[tuple[str, int], Structure] = {}
         self.core_share = job.cluster.cores_per_node is not None and cost.core_share
         self._core_weights: dict[int, tuple[float]] = {}
+        self.computing: dict[int, float] = {}
+        """Shared cores: node -> ranks computing there now (folded copies counted)."""
         self._members: dict[tuple[int, ...], int] = {}  # group -> its simulated members
         self._inflight_comm = {r: 0 for r in programs}
         self._clocks: dict[int, list[ComputeClock]] = {r: [] for r in programs}
@@ -263,8 +265,10 @@ class Simulation(Calls):
                         yield env.timeout(pending)
                         pending = 0.0
                     st[i] = env.now
-                    yield self.fabric.transfer((("cpu", node),), dur, cap=1.0,
-                                               weights=self._core_weight(rank, node))
+                    w = self._core_weight(rank, node)
+                    self.computing[node] = self.computing.get(node, 0.0) + w[0]
+                    yield self.fabric.transfer((("cpu", node),), dur, cap=1.0, weights=w)
+                    self.computing[node] -= w[0]
                     now = en[i] = env.now
                     self.events += 1
                 else:
