@@ -162,6 +162,11 @@ def test_counterparts_of_stamped_programs(name):
             assert np.array_equal(counterparts(prog.ops, d), want)
             # the micro-batches bound skips the last d micro-batches' lookups, nothing else
             assert np.array_equal(counterparts(prog.ops, d, job.parallel.num_microbatches), want)
+            # stamped bodies map to their copies op for op, as their names do
+            m = job.parallel.num_microbatches
+            assert np.array_equal(counterparts(prog.ops, d, m, prog.blocks), want)
+            assert np.array_equal(counterparts(prog.ops, d, None, prog.blocks), want)
+        assert prog.blocks and {b[4] for b in prog.blocks} >= set(range(2, m))
 
 
 def _spans_by_span_of(rank, ops, line, step, offset_s, moved):

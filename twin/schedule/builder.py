@@ -174,4 +174,4 @@ class TemplateBuilder:
                     g = groups[op.group] = tuple(sorted(move(m) for m in op.group))
                 op = replace(op, group=g, root=move(op.root), peer=move(op.peer))
             ops.append(op)
-        return Program(rank, ops, template=t.rank)
+        return Program(rank, ops, template=t.rank, blocks=t.blocks)

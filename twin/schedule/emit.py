@@ -116,6 +116,8 @@ class ProgramBuilder:
         """Bytes of one of Adam's momentum or variance elements."""
         self.last_compute: Idx = None
         """The latest compute op: where the host stands when it issues the next op."""
+        self.blocks: list[tuple] = []
+        """The bodies stamped so far (Program.blocks)."""
 
     # -- generic -----------------------------------------------------------------
     def emit(self, ctx: Ctx, local: str, kind: str, stream: str, deps: Iterable[Idx] = (),
@@ -133,7 +135,7 @@ class ProgramBuilder:
         return idx
 
     def program(self) -> Program:
-        return Program(self.rank, self.ops)
+        return Program(self.rank, self.ops, blocks=self.blocks)
 
     # -- compute -----------------------------------------------------------------
     def fp8_cast(self, ctx: Ctx, local: str, act: int, weight: int, deps: Iterable[Idx]) -> int:

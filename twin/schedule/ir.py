@@ -141,6 +141,9 @@ class Program:
     ops: list[Op] = field(default_factory=list)
     template: int | None = None
     """The rank whose program this one translates (same ops, streams and deps), if any."""
+    blocks: list | None = None
+    """The bodies stamped from a recorded template (twin.schedule.stamp): (template, phase,
+    layer, chunk, micro-batch, first op) each, its ops consecutive and named alike."""
 
     def __iter__(self) -> Iterator[Op]:
         return iter(self.ops)

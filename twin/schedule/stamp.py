@@ -128,6 +128,7 @@ def stamp(b: ProgramBuilder, t: Template, ctx: Ctx, slots: tuple[tuple[int, ...]
     ops, names = b.ops, b._names
     base, before = len(ops), len(names)
     t.emit(ops, names, base, ctx.prefix() + "/", ctx.phase, ctx.layer, ctx.mb, ctx.chunk, slots)
+    b.blocks.append((t, ctx.phase, ctx.layer, ctx.chunk, ctx.mb, base))
     if len(names) != before + t.size:  # a name the program had already
         seen = set()
         for op in ops[base:]:

@@ -131,16 +131,29 @@ def rename(text: str, mb: int, new: int) -> str:
     return f"mb{new}".join(_split(text, mb))
 
 
-def counterparts(ops, d: int, microbatches: int | None = None) -> np.ndarray:
+def counterparts(ops, d: int, microbatches: int | None = None, blocks=None) -> np.ndarray:
     """Per op, the index of the same op d micro-batches later (-1: none, or no micro-batch).
     ``microbatches``: the program's micro-batches (an op of micro-batch m - d or later has
-    no counterpart; None: its names are looked up)."""
-    index = {op.name: i for i, op in enumerate(ops)}
-    get = index.get
-    out = [-1] * len(ops)
+    no counterpart; None: its names are looked up). ``blocks``: the program's stamped bodies
+    (Program.blocks): a body whose copy d micro-batches later was stamped too has its ops'
+    counterparts there, op for op, without reading a name."""
     last = (microbatches if microbatches is not None else 1 << 62) - d
+    out = np.full(len(ops), -1, dtype=np.int64)
+    rest = None
+    if blocks:
+        first = {key[:5]: key[5] for key in blocks}
+        done = np.zeros(len(ops), dtype=bool)
+        for t, phase, layer, chunk, mb, base in blocks:
+            other = first.get((t, phase, layer, chunk, mb + d)) if 0 <= mb < last else None
+            if other is not None:
+                out[base:base + t.size] = np.arange(other, other + t.size)
+                done[base:base + t.size] = True
+        rest = np.flatnonzero(~done).tolist()
+    todo = range(len(ops)) if rest is None else rest
+    wanted: dict[str, list[int]] = {}  # counterpart's name -> the ops it is the copy of
     phase, mb = None, -1  # the (phase, mb) of the op before: the next ops mostly share it
-    for i, op in enumerate(ops):
+    for i in todo:
+        op = ops[i]
         if 0 <= op.mb < last:
             if op.mb != mb or op.phase != phase:
                 phase, mb = op.phase, op.mb
@@ -148,12 +161,18 @@ def counterparts(ops, d: int, microbatches: int | None = None) -> np.ndarray:
                 moved, n, plain = f"{phase}/mb{mb + d}/", len(head), "mb" not in phase
             name = op.name
             if plain and name.startswith(head):  # its mb token, then the rest's (if any)
-                rest = name[n:]
-                new = moved + rest if "mb" not in rest else moved + rename(rest, mb, mb + d)
+                rest_ = name[n:]
+                new = moved + rest_ if "mb" not in rest_ else moved + rename(rest_, mb, mb + d)
             else:
                 new = rename(name, mb, mb + d)
-            out[i] = get(new, -1)
-    return np.array(out, dtype=np.int64)
+            wanted.setdefault(new, []).append(i)
+    if wanted:
+        get = wanted.get
+        for j, op in enumerate(ops):
+            hit = get(op.name)
+            if hit is not None:
+                out[hit] = j
+    return out
 
 
 class Cut(NamedTuple):
@@ -191,7 +210,7 @@ def find_cut(sim, d: int, host_of=None) -> tuple[float, float] | None:
     for r, prog in sim.programs.items():
         key = id(prog.ops) if prog.template is None else prog.template
         if key not in memo:
-            memo[key] = counterparts(prog.ops, d, sim.job.parallel.num_microbatches)
+            memo[key] = counterparts(prog.ops, d, sim.job.parallel.num_microbatches, prog.blocks)
         cps[r] = memo[key]
         lines[r] = (sim.start[r], sim.end[r])
     step = max(float(e.max()) for _, e in lines.values() if len(e))
