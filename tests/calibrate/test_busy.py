@@ -3,6 +3,8 @@ call, and the wait estimated from calls measured both ways."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -44,3 +46,55 @@ def test_no_call_measured_both_ways_gives_none_and_a_faster_busy_side_gives_zero
     assert busy_handoff({}) == (None, 0)
     calls = {("all_reduce", 2, 64, ""): [(1.0, True)] * 3 + [(2.0, False)] * 3}
     assert busy_handoff(calls) == (0.0, 1)
+
+
+def _traced_run(tmp_path, wait_us: float, steps: int = 3):
+    """Two ranks on two shared cores, simulated with ``busy_handoff_us`` = ``wait_us`` and
+    read back as a measured run: each round a 1 KB all-reduce issued beside a 10 ms GEMM on
+    both ranks (busy), then one the ranks wait for (alone), then a quiet GEMM."""
+    from tests.sim.test_busy_handoff import _host
+    from tests.sim.test_mechanisms import _cost, _gemm
+    from twin.calibrate.traces import TracedRun
+    from twin.schedule.ir import Op, Program
+    from twin.sim.engine import SimOptions, Simulation
+
+    def ar(name, dep):
+        return Op(name=name, kind="all_reduce", stream="comm", group=(0, 1), group_name="dp",
+                  bytes=1024.0, deps=(dep,))
+
+    ops: list[Op] = []
+    for k in range(6):
+        prev = (len(ops) - 1,) if ops else ()
+        a = len(ops)
+        ops += [_gemm(f"a{k}", 1e-3, prev), _gemm(f"b{k}", 1e-2, (a,)), ar(f"busy{k}", a)]
+        ops += [ar(f"alone{k}", a + 1), _gemm(f"c{k}", 2e-3 * (1 + k % 3), (a + 3,))]
+    cost = dataclasses.replace(_cost(), busy_handoff_us=wait_us)
+    job = _host(2)
+    progs = {r: Program(r, [dataclasses.replace(op) for op in ops]) for r in (0, 1)}
+    sim = Simulation(job, progs, cost, SimOptions(), {0: [0], 1: [1]})
+    step = sim.run()
+    spans = [Span.of(op, r, s, (sim.start[r][i] + s * step) * 1e6, (sim.end[r][i] + s * step) * 1e6)
+             for s in range(steps) for r in (0, 1) for i, op in enumerate(progs[r].ops)]
+    return TracedRun(tmp_path, job, spans, {(r, op.name): op for r in (0, 1) for op in ops},
+                     {r: progs[r].ops for r in (0, 1)}, step, step, step), sim
+
+
+@pytest.mark.parametrize("wait_us", [0.0, 700.0])
+def test_the_fit_recovers_the_wait_and_the_call_without_it(tmp_path, wait_us):
+    from twin.calibrate.traces import fit_traces, measurements
+
+    run, sim = _traced_run(tmp_path, wait_us)
+    busy = [float(sim.end[0][i] - sim.start[0][i]) for i, op in enumerate(sim.programs[0].ops)
+            if op.name.startswith("busy")]
+    alone = [float(sim.end[0][i] - sim.start[0][i]) for i, op in enumerate(sim.programs[0].ops)
+             if op.name.startswith("alone")]
+    assert np.mean(busy) - np.mean(alone) == pytest.approx(wait_us * 1e-6, abs=2e-6)
+    _, rows, *_, beside = measurements([run])
+    assert beside["sizes"] == 1 and beside["us"] == pytest.approx(wait_us, abs=2.0)
+    # the busy calls' wait is taken off what the collective fits see: every call as if alone
+    (pooled,) = [r for r in rows if r["role"] == ""]
+    assert pooled["samples"] == 36 and pooled["time_s_median"] == pytest.approx(np.mean(alone), abs=2e-6)
+    assert pooled["time_s_p90"] - pooled["time_s_p10"] < 2e-6
+    profile, report = fit_traces([run], "fitted", sim.cost)
+    assert profile.busy_handoff_us == pytest.approx(wait_us, abs=2.0)
+    assert report["busy_handoff_us"]["us"] == pytest.approx(wait_us, abs=2.0)
