@@ -106,6 +106,10 @@ caching allocator warm up; validate's default warmup=2 kept two of them), then 1
 the median and the p10-p90 band (6 give a band of their extremes)."""
 
 
+PYTORCH_FIELDS = tuple(f"{a.split('=', 1)[0]}=" for a in PYTORCH_PROTOCOL)
+"""The command line's settings of those fields (``warmup=``, ``steps=``, ...)."""
+
+
 def protocol(args: list[str], base: tuple[str, ...] = PYTORCH_PROTOCOL) -> list[str]:
     """``base`` with the command line's own settings of the same fields in their place."""
     given = {a.split("=", 1)[0] for a in args}
@@ -195,8 +199,7 @@ def measure_interleaved(out: Path, args: list[str], against: str, measure: list[
     preset, its paradigm's training runs, then its validation run(s), predicted for now under
     the cluster's own profile (predicted again once the fit is done)."""
     rest = [a for a in args if not a.startswith(("suite=", "info_suite="))]
-    fields = tuple(f"{a.split('=', 1)[0]}=" for a in PYTORCH_PROTOCOL)
-    plain = [a for a in rest if not a.startswith(fields)]
+    plain = [a for a in rest if not a.startswith(PYTORCH_FIELDS)]
     for field, preset in suite_of(args):
         if preset in TRAIN_PRESETS:
             execute_training(out, preset)
@@ -222,8 +225,7 @@ def main() -> None:
         out = Path(given[0] if given else f"reports/validate_suite/{time.strftime('%Y%m%d-%H%M%S')}")
         against = next((a.split("=", 1)[1] for a in args if a.startswith("against=")), "replay")
         args = [a for a in args if not a.startswith(("out_dir=", "calibration=", "against="))]
-        fields = tuple(f"{a.split('=', 1)[0]}=" for a in PYTORCH_PROTOCOL)
-        measure = protocol(args) + [a for a in args if a.startswith(fields)]
+        measure = protocol(args) + [a for a in args if a.startswith(PYTORCH_FIELDS)]
         t0 = time.perf_counter()
         measure_interleaved(out, args, against, measure)
         print(f"measured the fit's runs and the validated ones in {time.perf_counter() - t0:.0f} s",
@@ -235,7 +237,7 @@ def main() -> None:
                            f"calibration={profile}", f"out_dir={out / 'validate'}")
         if against in ("pytorch", "both"):
             # a real step is a different program from the replay: its own fit, same protocol
-            rest = [a for a in args if not a.startswith(fields)]
+            rest = [a for a in args if not a.startswith(PYTORCH_FIELDS)]
             rc |= paratwin("validate", "report=false", "against=pytorch", *rest, *measure,
                            f"calibration={fit_pytorch(out, profile, measure)}",
                            f"out_dir={out / 'validate_pytorch'}")

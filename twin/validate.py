@@ -91,15 +91,6 @@ def kept_summary(src: dict) -> dict:
             "step_time_p90_s": src["measured_p90_s"]}
 
 
-def kept_dir(src: dict, first: Path) -> Path:
-    """The directory of the measurement a source kept: its ``measured_dir``, else (rows
-    written before it was recorded) the narrowest of its attempts."""
-    if src.get("measured_dir"):
-        return first.with_name(src["measured_dir"])
-    tried = src.get("attempts") or [{"dir": first.name, "spread": 0.0}]
-    return first.with_name(min(tried, key=lambda a: a["spread"])["dir"])
-
-
 def spread(measured_summary: dict) -> float:
     """The measured p10-p90 band's width over the median (0.06-0.15 on a quiet host)."""
     m = measured_summary

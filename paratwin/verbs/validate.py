@@ -46,7 +46,6 @@ from twin.spec.errors import check_choice
 from twin.trace import Trace
 from twin.validate import (
     compare,
-    kept_dir,
     kept_summary,
     kind_errors,
     profile_id,
@@ -114,7 +113,8 @@ def run_replay(name: str, ecfg, cfg, out: Path, kept: dict | None = None) -> dic
     if kept is None:
         exec_dir, measured, attempts = _steadiest(name, lambda d: _execute(name, ecfg, d), first, cfg)
     else:
-        exec_dir, measured, attempts = kept_dir(kept, first), kept_summary(kept), kept.get("attempts")
+        exec_dir, measured, attempts = (first.with_name(kept["measured_dir"]), kept_summary(kept),
+                                         kept["attempts"])
         if not (exec_dir / "spans.json").is_file():
             raise ConfigError(f"validate {name}: its kept measurement {exec_dir} is gone, so it "
                               "cannot be predicted again under this profile; give resume=false "

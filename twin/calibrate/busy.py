@@ -18,6 +18,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from twin.calibrate.fit import weighted_median
+
 BUSY_SHARE = 0.75
 """A call ran beside busy cores when on average at least this share of its node's cores
 computed during it (the ranks' compute spans over the call, summed)."""
@@ -63,7 +65,4 @@ def busy_handoff(calls: dict[tuple, list[tuple[float, bool]]]) -> tuple[float | 
             weights.append(min(len(busy), len(alone)))
     if not diffs:
         return None, 0
-    order = np.argsort(diffs)
-    cum = np.cumsum(np.asarray(weights, float)[order])
-    mid = float(np.asarray(diffs)[order][np.searchsorted(cum, cum[-1] / 2)])
-    return max(0.0, mid), len(diffs)
+    return max(0.0, weighted_median(diffs, weights)), len(diffs)

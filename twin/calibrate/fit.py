@@ -142,3 +142,10 @@ def robust_cv(rows: list[tuple[float, float, float]]) -> float:
     """Median of per-point CVs (median, p10, p90): one number for a family of measurements."""
     cvs = [cv_from_spread(*r) for r in rows if r[0] > 0]
     return float(np.median(cvs)) if cvs else 0.0
+
+
+def weighted_median(values: list[float], weights: list[float]) -> float:
+    """The value below which half the total weight lies."""
+    order = np.argsort(values)
+    v, w = np.asarray(values, float)[order], np.asarray(weights, float)[order]
+    return float(v[np.searchsorted(np.cumsum(w), 0.5 * w.sum())])

@@ -38,7 +38,7 @@ import numpy as np
 
 from twin import rundir
 from twin.calibrate.busy import BUSY_SHARE, busy_handoff, computing, node_compute
-from twin.calibrate.fit import robust_cv
+from twin.calibrate.fit import robust_cv, weighted_median
 from twin.calibrate.profile import fit_collectives, fit_kernels, median_or_none
 from twin.cost import CostModel, default_cost_model, timed_flops
 from twin.schedule.builder import build_schedule
@@ -376,11 +376,3 @@ def latency_only(rows: list[dict], fitted: dict, fits: dict, suffix: str = "") -
                     "bw_GBps": bw / 1e9,
                     "residual_median": 0.0, "residual_max": 0.0, "points": len(got)}
     return out
-
-
-
-def weighted_median(values: list[float], weights: list[float]) -> float:
-    """The value below which half the total weight lies."""
-    order = np.argsort(values)
-    v, w = np.asarray(values, float)[order], np.asarray(weights, float)[order]
-    return float(v[np.searchsorted(np.cumsum(w), 0.5 * w.sum())])

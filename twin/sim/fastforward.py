@@ -139,7 +139,7 @@ def counterparts(ops, d: int, microbatches: int | None = None, blocks=None) -> n
     counterparts there, op for op, without reading a name."""
     last = (microbatches if microbatches is not None else 1 << 62) - d
     out = np.full(len(ops), -1, dtype=np.int64)
-    rest = None
+    todo = range(len(ops))  # the ops looked up by name
     if blocks:
         first = {key[:5]: key[5] for key in blocks}
         done = np.zeros(len(ops), dtype=bool)
@@ -148,8 +148,7 @@ def counterparts(ops, d: int, microbatches: int | None = None, blocks=None) -> n
             if other is not None:
                 out[base:base + t.size] = np.arange(other, other + t.size)
                 done[base:base + t.size] = True
-        rest = np.flatnonzero(~done).tolist()
-    todo = range(len(ops)) if rest is None else rest
+        todo = np.flatnonzero(~done).tolist()
     wanted: dict[str, list[int]] = {}  # counterpart's name -> the ops it is the copy of
     phase, mb = None, -1  # the (phase, mb) of the op before: the next ops mostly share it
     for i in todo:
@@ -161,8 +160,8 @@ def counterparts(ops, d: int, microbatches: int | None = None, blocks=None) -> n
                 moved, n, plain = f"{phase}/mb{mb + d}/", len(head), "mb" not in phase
             name = op.name
             if plain and name.startswith(head):  # its mb token, then the rest's (if any)
-                rest_ = name[n:]
-                new = moved + rest_ if "mb" not in rest_ else moved + rename(rest_, mb, mb + d)
+                rest = name[n:]
+                new = moved + rest if "mb" not in rest else moved + rename(rest, mb, mb + d)
             else:
                 new = rename(name, mb, mb + d)
             wanted.setdefault(new, []).append(i)
