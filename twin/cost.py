@@ -84,11 +84,9 @@ class CostModel:
     """Host time a collective adds per member of its group (connections and channels NCCL
     sets up and launches on: larger groups cost the issuing host more)."""
     host_comm_by_group_us: dict = field(default_factory=dict)
-    """Group role (dp, tp, pp, ...: a joined role such as dp-cp goes by its first part) ->
-    host time to issue one of its collectives or send/recvs, where it differs from
-    host_comm_us: the framework layer that issues a call (DDP's and FSDP's hooks on dp,
-    DTensor's redistribution on tp) costs its own. Fitted on ranks on CPU cores, where that
-    time is the compute thread's (twin.sim.thread)."""
+    """Group role (dp, tp, pp, ...; dp-cp: dp) -> host time to issue one of its collectives or
+    send/recvs, where it differs from host_comm_us: the framework layer issuing a call (DDP's
+    and FSDP's hooks on dp, DTensor's redistribution on tp) costs its own (fitted on CPU)."""
     p2p_host_sync: bool = False
     """The host waits for each batch of send/recv ops and the work before it to finish
     before issuing more (Megatron: batch_isend_irecv, then torch.cuda.synchronize())."""
@@ -98,6 +96,10 @@ class CostModel:
     """Compute runs 1 + this slower while a collective of its rank is in flight (sim/overlap.py)."""
     core_share: bool = True
     """On clusters with cores_per_node, ranks' compute shares the node's cores."""
+    host_tp_gemm_us: float = 0.0
+    """Host time a tensor-parallel linear's GEMM (Op.tp_gemm) adds: PyTorch's TP dispatches each
+    op on a DTensor weight in Python; 0 where TP weights are plain tensors (Megatron). On CPU
+    cores it is the computing thread's (twin.sim.thread), as the calls' host time is."""
     busy_handoff_us: float = 0.0
     """Shared CPU cores: a collective call started while its node's cores all compute waits
     this long more, its thread woken into a full run queue (fitted from traces; GPUs: 0)."""
@@ -113,19 +115,17 @@ class CostModel:
     extra kernels), as folded into ``elementwise.mem_efficiency`` and ``host_us`` here (1:
     nothing folded, e.g. profiles fitted on fused kernels). ``compiled`` takes it back out."""
     compiled_reduction_efficiency: float = 1.0
-    """Under torch.compile, the fraction of the fused elementwise bandwidth its reduction
-    kernels (``Op.reduction``: the norms and the loss) reach: 1 as a hand-tuned kernel;
-    about 0.5 for Inductor before its 2025 reduction tuning ("torch.compile ~50% of Quack
-    performance typically" for LayerNorm/RMSNorm on H100, PyTorch blog "SOTA Normalization
-    Performance with torch.compile"). ``compiled`` applies it."""
+    """Under torch.compile, the fraction of the fused elementwise bandwidth its reductions
+    (``Op.reduction``: norms, loss) reach: 1 hand-tuned; ~0.5 for Inductor before its 2025
+    tuning ("torch.compile ~50% of Quack performance typically" for LayerNorm/RMSNorm on
+    H100, PyTorch blog "SOTA Normalization Performance with torch.compile")."""
     reduction_efficiency: float = 1.0
     """The factor on a reduction's memory efficiency this model applies (``kernel_of``): 1,
     except in a ``compiled`` model, which carries ``compiled_reduction_efficiency`` here."""
     shape_factors: dict = field(default_factory=dict)
-    """``shape_key(op)`` -> measured over modelled time of that kernel shape (GEMM and
-    attention): cuBLAS picks a kernel per shape, and its tiles, waves and split-K make time a
-    jagged function of (m, n, k) that no smooth curve follows. Filled from a kernel sweep or
-    fitted from step times (``twin.calibrate.stepfit``); a shape not listed uses the model."""
+    """``shape_key(op)`` -> measured over modelled time of that GEMM or attention shape: cuBLAS
+    picks a kernel per shape (tiles, waves, split-K: a jagged function of m, n, k). From a
+    kernel sweep or a step fit (``twin.calibrate.stepfit``); a shape not listed: the model."""
     compute_cv: float = 0.0
     """Run-to-run spread of compute ops (coefficient of variation) for jitter."""
     comm_cv: float = 0.0
@@ -210,7 +210,7 @@ class CostModel:
     def host_time(self, op: Op) -> float:
         """Seconds the host spends issuing ``op`` (0 for memory bookkeeping)."""
         if op.is_compute:
-            return self.kernel_of(op).host_us * 1e-6
+            return (self.kernel_of(op).host_us + (self.host_tp_gemm_us if op.tp_gemm else 0.0)) * 1e-6
         if op.is_collective:
             return (self.comm_host_us(call_role(op)) + self.host_comm_per_rank_us * len(op.group)) \
                 * 1e-6
@@ -324,9 +324,9 @@ def call_role(op: Op) -> str:
 def host_key(op: Op) -> tuple:
     """What ``CostModel.host_time`` of an op depends on (memo keys): its kind, dtype and
     group, whether it is FSDP's (call_role), and an elementwise op's pricing flags
-    (``shape[1:]``: one kernel, a reduction, outside the compiled blocks)."""
+    (``shape[1:]``: one kernel, a reduction, outside the compiled blocks), a TP GEMM."""
     return (op.kind, op.dtype, op.group_name, op.paradigm == "fsdp", len(op.group),
-            op.shape[1:] if op.kind == "elementwise" else ())
+            op.shape[1:] if op.kind == "elementwise" else op.tp_gemm)
 
 
 def shape_key(op: Op) -> str:

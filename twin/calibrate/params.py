@@ -51,10 +51,12 @@ CPU_FREE: tuple[tuple[str | None, str, float, float], ...] = (
     (None, "p2p_latency_us", 0.1, 5000.0),
 )
 BY_ROLE = "host_comm_by_group_us"
-CPU_CALLS = tuple((None, f"{BY_ROLE}.{role}", 0.1, 50000.0) for role in ("dp", "fsdp", "tp"))
+CPU_CALLS = tuple((None, f"{BY_ROLE}.{role}", 0.1, 50000.0) for role in ("dp", "fsdp", "tp")) \
+    + ((None, "host_tp_gemm_us", 0.1, 50000.0),)
 """A shared-CPU step fit from a traces profile also frees the host time of a call per group
 role: the framework layer issuing it costs its own on the computing thread (DDP's and FSDP's
-hooks on dp, DTensor's redistribution on tp; twin.sim.thread)."""
+hooks on dp, DTensor's redistribution on tp; twin.sim.thread), and DTensor's dispatch of
+each tensor-parallel GEMM."""
 CPU_STEP_FREE = tuple(f for f in CPU_FREE if f[0] in (None, "optimizer") or f[1] == "launch_us") \
     + CPU_CALLS
 """A shared-CPU fit that starts from a traces profile (``calibrate traces=``: the same kernels,

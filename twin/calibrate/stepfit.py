@@ -72,11 +72,12 @@ def fit_start(base: CostModel, sm_count: int | None, p2p_host_sync: bool | None 
     a send/recv latency), so that the first simulation already shows which runs are
     host-bound; ``p2p_host_sync``: the framework synchronizes after send/recv (Megatron).
     ``shared_cpu``: ranks on CPU cores, whose per-op cost is in launch_us (CPU_FREE): ``base``
-    as it is but for the send/recv latency and ``p2p_host_sync``."""
+    as it is but for the send/recv latency, ``p2p_host_sync`` and a call's and a TP GEMM's
+    host time (100 us where it has none)."""
     if shared_cpu:
         return dataclasses.replace(
             base, p2p_latency_us=base.p2p_latency_us or 10.0,
-            host_comm_us=base.host_comm_us or 100.0,
+            host_comm_us=base.host_comm_us or 100.0, host_tp_gemm_us=base.host_tp_gemm_us or 100.0,
             p2p_host_sync=base.p2p_host_sync if p2p_host_sync is None else p2p_host_sync)
     def kernel(kind: str, host_us: float, **more) -> KernelCost:
         k = getattr(base, kind)

@@ -118,6 +118,9 @@ class ProgramBuilder:
         """The latest compute op: where the host stands when it issues the next op."""
         self.blocks: list[tuple] = []
         """The bodies stamped so far (Program.blocks)."""
+        self.gemm_paradigm = ""
+        """The paradigm of this rank's GEMMs where their context names none: tp or sp when
+        its linears are tensor-parallel (TensorParallel sets it; Op.tp_gemm)."""
 
     # -- generic -----------------------------------------------------------------
     def emit(self, ctx: Ctx, local: str, kind: str, stream: str, deps: Iterable[Idx] = (),
@@ -158,6 +161,8 @@ class ProgramBuilder:
         FSDP, made by no compiled kernel) still pays its amax read. ``weight_cast=False``:
         the weight was cast already (async TP's partial GEMMs after the first cast it once);
         ``act_cast=False``: the activation arrives in FP8 (gathered so by SP)."""
+        if self.gemm_paradigm and not ctx.paradigm:
+            ctx = ctx.at(paradigm=self.gemm_paradigm)
         if self.linear_dtype and local.split(".")[0] in FP8_LINEARS:
             wgrad = local.endswith(".wgrad")  # two activations
             act = m * k + (k * n if wgrad else 0) if act_cast else 0

@@ -103,6 +103,12 @@ class Op:
         return self.kind == "elementwise" and len(self.shape) > 3 and bool(self.shape[3])
 
     @property
+    def tp_gemm(self) -> bool:
+        """A GEMM of a tensor-parallel linear (paradigm tp or sp: TensorParallel's), whose
+        weight PyTorch's TP holds as a DTensor (CostModel.host_tp_gemm_us)."""
+        return self.kind == "gemm" and self.paradigm in ("tp", "sp")
+
+    @property
     def is_collective(self) -> bool:
         return self.kind in COLLECTIVE_KINDS
 

@@ -62,7 +62,7 @@ class TensorParallel(Pass):
         self.act_bytes = out.e * self.tokens * self.h  # b*s*h, the TP message
         self.eager = not par.flash_attention
         self.rope = m.position_embedding == "rope"
-        self.paradigm = "sp" if self.sp else ("tp" if self.tp > 1 else "")
+        self.paradigm = out.gemm_paradigm = "sp" if self.sp else ("tp" if self.tp > 1 else "")
         self.moe = None  # a MoE model's expert layers (twin/schedule/moe.py), set by the step
         self.cp = None  # context parallelism's attention core (twin/schedule/context.py), same
         self.fp8_gather = fp8_tp_gather(par)

@@ -38,7 +38,8 @@ class CriticalPath:
     """Compute op (its kind, dtype, shape, FLOPs, bytes) -> times on the path."""
     host: Counter = field(default_factory=Counter)
     """``KIND:DTYPE`` of a compute op -> ops the host issued before the op it held back
-    ('comm@ROLE' for collectives and send/recv, 'comm_ranks' the collectives' group members),
+    ('comm@ROLE' for collectives and send/recv, 'comm_ranks' the collectives' group members,
+    'tp_gemm' the GEMMs that pay host_tp_gemm_us),
     each in its kind and dtype's units (``host_weight``, priced by ``host_us``)."""
     comm_s: float = 0.0
     """Collectives on the path (measured fits: fixed while compute and host are fitted)."""
@@ -107,6 +108,8 @@ def host_us(cost: CostModel, kind: str, dtype: str = "") -> float:
         return cost.comm_host_us(kind[5:])
     if kind == "comm_ranks":
         return cost.host_comm_per_rank_us
+    if kind == "tp_gemm":
+        return cost.host_tp_gemm_us
     kind, _, own = kind.partition(":")
     return cost.kernel(kind, own or dtype).host_us
 
@@ -263,7 +266,8 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
                     add(ready, done, "overlap_s", slowed)
                 c = sim.structure_of(rank).charged.get(i)
                 if c is not None:  # its thread issued calls first (ranks on CPU cores)
-                    for kind, n in (*((f"comm@{r}", k) for r, k in c.calls), ("comm_ranks", c.members)):
+                    for kind, n in (*((f"comm@{r}", k) for r, k in c.calls), ("comm_ranks", c.members),
+                                    ("tp_gemm", int(c.tp_gemm))):
                         path.host[kind] += n
                         add(ready, done, counter="host", key=kind, n=n)
                 path.other_s += max(0.0, t - done)
@@ -311,6 +315,9 @@ def critical_path(sim, p2p_latency_s: float = 0.0,
                 if o.is_collective:
                     path.host["comm_ranks"] += len(o.group)
                     add(when, issued, counter="host", key="comm_ranks", n=len(o.group))
+                elif o.tp_gemm:
+                    path.host["tp_gemm"] += 1
+                    add(when, issued, counter="host", key="tp_gemm", n=1)
             if j < 0:
                 return path
         i, t = j, when
