@@ -133,6 +133,23 @@ def test_tp_layer_has_two_all_reduces_forward_and_two_backward():
     assert all(op.bytes == 128 * 256 * 2 for op in layer3)
 
 
+@pytest.mark.parametrize("sp, pp", [(False, 1), (True, 1), (False, 2)])
+def test_the_loss_backward_reads_the_vocab_parallel_cross_entropys_all_reduces(sp, pp):
+    """Megatron's vocab-parallel cross-entropy all-reduces the logits' max, the sum of their
+    exponentials and the target logit; its backward is the softmax those made, so the loss's
+    backward waits for the last of them (of its own micro-batch)."""
+    job = build_job(gpt(), cluster(), ParallelPlan(tp=4, sp=sp, pp=pp, global_batch_size=4))
+    ops = build_program(job, job.grid.world_size - 1).ops
+    index = {op.name: i for i, op in enumerate(ops)}
+    backwards = [op for op in ops if op.name.endswith("/loss.bwd")]
+    assert len(backwards) == job.parallel.num_microbatches
+    for op in backwards:
+        fwd = "fwd" + op.name[len("bwd"):-len("loss.bwd")]  # fwd/mbM/cC/
+        stats = [index[f"{fwd}ce.{s}"] for s in ("max", "sumexp", "target")]
+        assert ops[stats[1]].deps == (stats[0],) and ops[stats[2]].deps == (stats[1],)
+        assert stats[2] in op.deps
+
+
 def test_sp_replaces_each_all_reduce_with_reduce_scatter_and_all_gather():
     job = build_job(gpt(), cluster(), ParallelPlan(tp=8, sp=True, global_batch_size=1))
     layer3 = [op.kind for op in build_program(job, 0).ops if op.layer == 3 and op.group_name == "tp"]

@@ -75,6 +75,8 @@ class TensorParallel(Pass):
         """Split backward (I then W): the weight-gradient ops held back for the W action, as
         (grads, name, emit); None: emitted in place."""
         self.stamper = stamp.Stamper(out)
+        self.ce: dict[int, Idx] = {}
+        """Micro-batch -> its cross-entropy's last all-reduce, which the loss's backward reads."""
         """Dense layer bodies recorded once and stamped after (twin/schedule/stamp.py)."""
 
     def _stamps(self, ctx: Ctx) -> bool:
@@ -378,13 +380,14 @@ class TensorParallel(Pass):
             y = b.collective(ctx.at(paradigm=self.paradigm), f"ce.{stat}", "all_reduce",
                              self.group, "tp", 4 * n, [x], stream="comm.tp")
             x = x if y is None else y
+        self.ce[ctx.mb] = x
         return x
 
     def head_backward(self, ctx: Ctx, g: Idx, grads: dict[str, int], *,
                       with_loss: bool = True) -> Idx:
         b, n = self.b, self.tokens
         if with_loss:
-            g = b.elementwise(ctx, "loss.bwd", n * self.vocab, [g], tensors=2,
+            g = b.elementwise(ctx, "loss.bwd", n * self.vocab, [g, self.ce.pop(ctx.mb, None)], tensors=2,
                               flops_per_element=4, reduction=True, compiled=b.compiled_loss)
         d = b.gemm(ctx, "lm_head.dgrad", n, self.h, self.vocab, [g])
         # tied on one stage, this gradient accumulates into the embedding's (ready at embed.bwd)
