@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.validate_suite import PYTORCH_PROTOCOL, paratwin  # noqa: E402
+from benchmarks.validate_suite import PYTORCH_PROTOCOL, calibrate_pytorch, paratwin  # noqa: E402
 
 
 def figures(validate_dir: Path) -> str:
@@ -51,12 +51,9 @@ def main() -> None:
         sys.exit(f"{out / 'validate_pytorch'} exists: give a new NEW_OUT_DIR")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copytree(suite / "validate_pytorch", out / "validate_pytorch")
-    profile = out / "profile_pytorch.yaml"
-    rc = paratwin("calibrate", f"runs={needed[0]}", f"start={needed[1]}", "folds=0",
-                  f"out={profile}", f"out_dir={out / 'calibrate_pytorch'}", "force=true")
-    if not rc:
-        rc = paratwin("validate", "report=false", "against=pytorch", *PYTORCH_PROTOCOL,
-                      f"calibration={profile}", f"out_dir={out / 'validate_pytorch'}")
+    profile = calibrate_pytorch(needed[0], needed[1], out)
+    rc = paratwin("validate", "report=false", "against=pytorch", *PYTORCH_PROTOCOL,
+                  f"calibration={profile}", f"out_dir={out / 'validate_pytorch'}")
     if rc:
         sys.exit(rc)
     print(f"before ({suite}): {figures(suite / 'validate_pytorch')}")

@@ -172,13 +172,20 @@ def fit_pytorch(out: Path, start: Path, measure: list[str]) -> Path:
             w.writerow({**r, "model": "val_small", "cluster": "cpu_local",
                         "cluster.gpus_per_node": 2, "parallel.sp_norm_grad_sync": "per_tensor",
                         "parallel.optimizer_kernels": "foreach"})
+    profile = calibrate_pytorch(runs, start, out)
+    print(f"fitted PyTorch's steps from {len(rows)} training runs in {time.perf_counter() - t0:.0f} s",
+          flush=True)
+    return profile
+
+
+def calibrate_pytorch(runs: Path, start: Path, out: Path) -> Path:
+    """`paratwin calibrate runs=RUNS start=START` into OUT/profile_pytorch.yaml (its run
+    directory OUT/calibrate_pytorch); exits with its status when it fails."""
     profile = out / "profile_pytorch.yaml"
     rc = paratwin("calibrate", f"runs={runs}", f"start={start}", "folds=0", f"out={profile}",
                   f"out_dir={out / 'calibrate_pytorch'}", "force=true")
     if rc:
         sys.exit(rc)
-    print(f"fitted PyTorch's steps from {len(rows)} training runs in {time.perf_counter() - t0:.0f} s",
-          flush=True)
     return profile
 
 
