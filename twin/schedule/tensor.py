@@ -75,9 +75,9 @@ class TensorParallel(Pass):
         """Split backward (I then W): the weight-gradient ops held back for the W action, as
         (grads, name, emit); None: emitted in place."""
         self.stamper = stamp.Stamper(out)
+        """Dense layer bodies recorded once and stamped after (twin/schedule/stamp.py)."""
         self.ce: dict[int, Idx] = {}
         """Micro-batch -> its cross-entropy's last all-reduce, which the loss's backward reads."""
-        """Dense layer bodies recorded once and stamped after (twin/schedule/stamp.py)."""
 
     def _stamps(self, ctx: Ctx) -> bool:
         """Whether the layer's body may be stamped: a dense layer without context
