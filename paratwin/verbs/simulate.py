@@ -138,7 +138,7 @@ def format_summary(job, s: dict, out: Path, chrome: str = "trace.json") -> str:
         f"  step time {s['step_time_s'] * 1e3:,.2f} ms"
         + (f" (p10 {s['step_time_p10_s'] * 1e3:,.2f}, p90 {s['step_time_p90_s'] * 1e3:,.2f} ms)"
            if s["steps"] > 1 else "")
-        + f"   {s['tokens_per_s']:,.0f} tokens/s   {s['tflops_per_gpu']:.1f} TFLOP/s per GPU"
+        + f"   {s['tokens_per_s']:,.0f} tokens/s   {s['tflops_per_gpu']:.3g} TFLOP/s per GPU"
         f"   MFU {s['mfu']:.1%}" + (f" (of the {job.peak_dtype} peak)" if job.parallel.float8 != "none"
                                    else ""),
         f"  pipeline bubble {s['bubble_fraction']:.1%}   exposed communication: "
