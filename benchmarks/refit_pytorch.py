@@ -10,7 +10,7 @@ from (profile.yaml) and the validated PyTorch runs (validate_pytorch). The train
 fitted again with this checkout's `paratwin calibrate runs=...` into NEW_OUT_DIR/profile_pytorch.yaml,
 the validated runs are copied to NEW_OUT_DIR/validate_pytorch and predicted again under it
 (validate's resume: every measurement kept), and the suite's figures are printed before (as
-SUITE_OUT_DIR has them) and after. SUITE_OUT_DIR is only read.
+SUITE_OUT_DIR has them) and after. SUITE_OUT_DIR is only read; NEW_OUT_DIR must be new or empty.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def main() -> None:
     if missing:
         sys.exit(f"{suite} is not a validate_suite --fit-first against=pytorch out_dir: "
                  f"{', '.join(missing)} missing")
-    if (out / "validate_pytorch").exists():
-        sys.exit(f"{out / 'validate_pytorch'} exists: give a new NEW_OUT_DIR")
+    if out.exists() and any(out.iterdir()):  # the refit's profile would replace one there
+        sys.exit(f"{out} is not empty: give a new NEW_OUT_DIR (nothing in it is replaced)")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copytree(suite / "validate_pytorch", out / "validate_pytorch")
     profile = calibrate_pytorch(needed[0], needed[1], out)

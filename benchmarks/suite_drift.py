@@ -17,6 +17,7 @@ import itertools
 import json
 import statistics
 import sys
+from pathlib import Path
 
 
 def drift(a: dict, b: dict, table: bool = False) -> tuple[list[float], int]:
@@ -48,7 +49,14 @@ def line(drifts: list[float], inside: int) -> str:
 def main() -> None:
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    files = {p: json.load(open(p)) for p in sys.argv[1:]}
+    files = {}
+    for p in sys.argv[1:]:
+        try:
+            files[p] = json.loads(Path(p).read_text())
+            files[p]["runs"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            sys.exit(f"{p} is not a `paratwin validate` validate.json ({type(err).__name__}: {err}); "
+                     "give OUT_DIR/validate.json of a validation")
     pooled, pooled_in = [], 0
     for (pa, a), (pb, b) in itertools.permutations(files.items(), 2):
         drifts, inside = drift(a, b, table=len(files) == 2)
