@@ -131,7 +131,7 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
                          workers=workers, log=lambda m: say("  " + m),
                          shapes=None if shapes is None else bool(shapes),
                          gemm_ceiling=None if ceiling is None else float(ceiling),
-                         kinds=[r.run.kinds for r in subset])
+                         kinds=[r.run.kinds for r in subset], keep=base)
 
     preds: dict[int, tuple[float, str]] = {}
     splits: list[tuple[list[int], list[int], str]] = []
@@ -154,6 +154,9 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
                       for i, (t, _) in sorted(preds.items())])
     say(f"fitting on all {len(rows)} rows ...")
     final = fit(rows)
+    if final.unexercised:
+        say(f"no run's step depends on {', '.join(final.unexercised)}: not measured, kept as "
+            f"{base.name} has them")
     cpu = cluster.intra.kind == "shared_cpu"  # gloo ranks on CPU cores: no GPUs
     prov = {"source": f"measured runs {cfg.runs}", "cluster": cluster.name,
             "gpus": [] if cpu else [cluster.gpu.name], "backend": "gloo" if cpu else "nccl",
@@ -168,7 +171,7 @@ def fit_from_runs(cfg, path_for, claim) -> dict:
     profile.save(run_dir / rundir.PROFILE)
     measured = [r for r in rows if r.run.kinds]  # in-sample: how the kinds were met
     report = {"profile": str(profile_path), "run_dir": str(run_dir), "rows": len(rows),
-              "params": final.params,
+              "params": final.params, "unexercised": final.unexercised,
               "rounds": final.rounds, "fit_seconds": final.seconds, "held_out": held,
               "kinds": kind_errors([r.job for r in measured], [r.run.kinds for r in measured],
                                    final.cost)}

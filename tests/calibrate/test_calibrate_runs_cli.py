@@ -40,6 +40,9 @@ def test_a_profile_from_measured_runs_cross_validated(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)
     assert report["rows"] == 6 and report["held_out"]["rows"] == 6
+    # no run has a pipeline: its send/recv latency was not measured, and the log says so
+    assert report["unexercised"] == ["p2p_latency_us"]
+    assert "no run's step depends on p2p_latency_us" in out.stderr
     assert (tmp_path / "p.yaml").is_file() and (tmp_path / "c" / "profile.yaml").is_file()
     with open(tmp_path / "c" / "runs_modelled.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))

@@ -102,3 +102,31 @@ def test_a_cpu_fit_tells_the_dispatch_per_gemm_from_the_cost_per_call():
     fit = fit_steps(jobs, measured, start, workers=1, free=free, rounds=2)
     assert fit.params["host_tp_gemm_us"] == pytest.approx(TP_US, rel=0.2)
     assert fit.params["host_comm_by_group_us.tp"] == pytest.approx(1500.0, rel=0.2)
+
+
+def test_a_fit_whose_runs_have_no_tensor_parallelism_leaves_its_costs_unmeasured():
+    """DDP-only runs put no TP GEMM and no TP call on any critical path: the fit cannot tell
+    their costs, so the fitted profile keeps the ones it was given (here none: 0 per GEMM and
+    no TP role, so a TP call costs host_comm_us) instead of fit_start's 100 us guesses, and
+    says which fields no run exercised."""
+    free = tuple(f for f in CPU_STEP_FREE if f[1] in ("host_tp_gemm_us", "host_comm_by_group_us.tp",
+                                                      "host_comm_by_group_us.dp"))
+    truth = CostModel(name="cpu-truth", core_share=True, base_latency_us=60.0,
+                      provenance={"source": "traces"}, kernels_by_dtype={"fp32": CPU_TRUE_KERNELS},
+                      host_comm_by_group_us={"dp": 4000.0})
+    jobs = [_job(1, False, layers, h) for layers in (2, 4) for h in (128, 256)]
+    measured = [p.step_s for p in predict(jobs, truth, 1)]
+    given = dataclasses.replace(truth, host_comm_by_group_us={})
+    start = fit_start(given, None, shared_cpu=True)
+    assert start.host_tp_gemm_us == 100.0
+    fit = fit_steps(jobs, measured, start, workers=1, free=free, rounds=1, keep=given)
+    assert fit.unexercised == ["host_comm_by_group_us.tp", "host_tp_gemm_us"]
+    assert fit.cost.host_tp_gemm_us == 0.0
+    assert "tp" not in fit.cost.host_comm_by_group_us
+    assert fit.params["host_tp_gemm_us"] == 0.0
+    assert fit.params["host_comm_by_group_us.tp"] == fit.cost.host_comm_us
+    assert fit.cost.host_comm_by_group_us["dp"] > 100.0  # measured: moved towards 4,000
+    # without a profile to keep, they keep where the fit started
+    fit = fit_steps(jobs, measured, start, workers=1, free=free, rounds=1)
+    assert fit.cost.host_tp_gemm_us == 100.0
+    assert fit.unexercised == ["host_comm_by_group_us.tp", "host_tp_gemm_us"]

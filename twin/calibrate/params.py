@@ -110,3 +110,33 @@ def with_params(cost: CostModel, values: Sequence[float], free=FREE,
             if kind in by_dtype.get(dt, {}):
                 by_dtype[dt][kind] = dataclasses.replace(by_dtype[dt][kind], **changes)
     return dataclasses.replace(cost, **top, kernels_by_dtype=by_dtype)
+
+
+def restore(cost: CostModel, keep: CostModel, fields, dtypes: Sequence[str] = ()) -> CostModel:
+    """``cost`` with the FREE ``fields`` as ``keep`` has them (what a fit could not measure
+    goes back to what it was given): a group role ``keep`` leaves to ``host_comm_us`` is left
+    to it again, a kernel field is taken from ``keep``'s kernel of each of the ``dtypes``."""
+    roles = dict(cost.host_comm_by_group_us)
+    top: dict = {}
+    kinds: dict[str, list[str]] = {}
+    for kind, name, _, _ in fields:
+        if kind is None and name.startswith(BY_ROLE + "."):
+            role = name[len(BY_ROLE) + 1:]
+            if role in keep.host_comm_by_group_us:
+                roles[role] = keep.host_comm_by_group_us[role]
+            else:
+                roles.pop(role, None)
+        elif kind is None:
+            top[name] = getattr(keep, name)
+        else:
+            kinds.setdefault(kind, []).append(name)
+    for kind, names in kinds.items():
+        top[kind] = dataclasses.replace(getattr(cost, kind),
+                                        **{n: getattr(getattr(keep, kind), n) for n in names})
+    by_dtype = {dt: dict(ks) for dt, ks in cost.kernels_by_dtype.items()}
+    for dt in dtypes:
+        for kind, names in kinds.items():
+            if kind in by_dtype.get(dt, {}):
+                by_dtype[dt][kind] = dataclasses.replace(
+                    by_dtype[dt][kind], **{n: getattr(keep.kernel(kind, dt), n) for n in names})
+    return dataclasses.replace(cost, **top, host_comm_by_group_us=roles, kernels_by_dtype=by_dtype)

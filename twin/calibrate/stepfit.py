@@ -38,6 +38,7 @@ from twin.calibrate.params import (  # noqa: F401 - the fit's parameter space, p
     LAUNCH_MAX_US,
     free_for,
     get,
+    restore,
     with_params,
 )
 from twin.calibrate.shapes import shape_columns, shape_pick, shaped_times
@@ -144,6 +145,9 @@ class StepFit:
     rounds: list[dict]
     """Per round: its median and largest absolute error and seconds taken."""
     seconds: float
+    unexercised: list[str] = dataclasses.field(default_factory=list)
+    """Free fields no run's critical path depended on in any round: not measured, so they
+    keep the values of the fit's ``keep`` profile."""
 
 
 class _Retimer:
@@ -202,7 +206,8 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
               rounds: int = ROUNDS, workers: int | None = None, free=None,
               log: Callable[[str], None] | None = None, shapes: bool | None = None,
               gemm_ceiling: float | None = None,
-              kinds: Sequence[Mapping[str, float]] | None = None) -> StepFit:
+              kinds: Sequence[Mapping[str, float]] | None = None,
+              keep: CostModel | None = None) -> StepFit:
     """Fit ``free`` fields of ``base`` (default: ``free_for`` the jobs' cluster) to the
     measured step times of ``jobs``; with ``shapes`` (default: on GPUs) also one factor per
     GEMM and attention shape on the runs' critical paths (``CostModel.shape_factors``), pulled
@@ -215,7 +220,12 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
     model is predicted too slow (benchmarks/accuracy_a100.py: fit on hidden 1024, predict 2048).
 
     ``kinds``: per job, the seconds per step a rank spends in each kind's ops where measured
-    (a profiler's), fitted beside the step times (twin.calibrate.kindtime)."""
+    (a profiler's), fitted beside the step times (twin.calibrate.kindtime).
+
+    ``keep``: the profile whose values the free fields no run exercises keep (default
+    ``base``): a field on no run's critical path in any round (a TP cost fitted on runs
+    without TP, a send/recv latency without a pipeline) was not measured, and the fit's
+    start for it (``fit_start``'s typical size) is a guess (``StepFit.unexercised``)."""
     if len(jobs) != len(measured_s) or not jobs:
         raise ValueError("fit_steps needs one measured step time per job, and some jobs")
     t0 = time.perf_counter()
@@ -242,6 +252,7 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
     cost, history, resid = base, [], np.zeros(len(jobs))
     gpu = jobs[0].cluster.gpu
     g = len(free)
+    exercised = np.zeros(g, bool)  # some run's path depends on the field (a non-zero column)
     by_kind = KindRetimer(jobs, kinds, gpu, lambda v: with_params(base, v, free, dtypes)) \
         if kinds and any(kinds) else None
     for k in range(rounds):
@@ -282,6 +293,8 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
                 top = np.hstack([top, (retime.shape_jacobian(shaped).multiply(1 / pred[:, None]))
                                  .toarray()])
             held = [by_kind.jacobian(x[:g], FD_STEP, x[g:])] if by_kind else []
+            for rows in (top, *held):
+                np.logical_or(exercised, np.any(rows[:, :g] != 0, axis=0), out=exercised)
             return np.vstack([top, *held, PRIOR_WEIGHT * np.eye(len(x)), center])
 
         x_init = np.clip(np.concatenate([x0, s0]), lo_all + 1e-9, hi_all - 1e-9)
@@ -306,5 +319,8 @@ def fit_steps(jobs: Sequence[Job], measured_s: Sequence[float], base: CostModel,
                 f"{h['simulated_median_abs_error']:.1%} -> fitted on the paths "
                 f"{h['fitted_median_abs_error']:.1%} (largest {h['fitted_max_abs_error']:.1%})"
                 + (f", {len(keys)} kernel shapes" if keys else "") + f", {h['seconds']:.0f} s")
-    params = {f"{k}.{n}" if k else n: float(v) for (k, n, _, _), v in zip(free, np.exp(x0))}
-    return StepFit(cost, params, [float(r) for r in resid], history, time.perf_counter() - t0)
+    unmeasured = [f for f, on in zip(free, exercised) if not on]
+    cost = restore(cost, base if keep is None else keep, unmeasured, dtypes)
+    params = {f"{k}.{n}" if k else n: get(cost, k, n, dtype) for k, n, _, _ in free}
+    return StepFit(cost, params, [float(r) for r in resid], history, time.perf_counter() - t0,
+                   sorted(f"{k}.{n}" if k else n for k, n, _, _ in unmeasured))
