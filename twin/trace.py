@@ -111,6 +111,12 @@ class Trace:
         tmp.replace(path)
         return path
 
+    def as_saved(self) -> Trace:
+        """This trace as ``load`` reads it back from its saved file (the metadata through
+        JSON: tuples become lists), sharing the spans: what a writer hands its report
+        instead of reading the file it has just written."""
+        return Trace(self.spans, json.loads(json.dumps(self.meta)))
+
     @classmethod
     def from_dict(cls, data: dict, where: str = "data") -> Trace:
         if not isinstance(data, dict) or data.get("format") != FORMAT:

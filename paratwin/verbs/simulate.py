@@ -206,7 +206,7 @@ def run(cfg) -> dict:
     result = simulate(job, cost, options, steps=steps, progress=bar.update, trace=level)
     bar.close()
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    trace, result.trace = result.trace, None  # written once, then let go: never held twice
+    trace, result.trace = result.trace, None  # held once: saved, then handed to the report
     chrome = rundir.chrome_path(out)
     if level == "none":  # an earlier run's trace would pass for this one's: remove it
         for path, kind in ((out / rundir.TRACE, "trace"), (chrome, "chrome")):
@@ -216,13 +216,17 @@ def run(cfg) -> dict:
         trace.save(out / rundir.TRACE)
         if not cfg.get("report", True):
             write_text_atomic(chrome, json.dumps(chrome_trace(trace)))
+    held = {} if level == "none" else {out: trace.as_saved()}
     del trace
     summary = dict(result.summary, out_dir=str(out))
     write_json_atomic(out / "summary.json", summary)
     if cfg.get("report", True):
         from twin.report import write_report
 
-        write_report([out])  # report.html and the Chrome export trace.json (memory counters)
+        # report.html and the Chrome export trace.json (memory counters), from the trace in
+        # memory: reading back the spans.json just written took as long as writing it
+        write_report([out], traces=held)
+    del held
     print(json.dumps(summary, indent=2) if fmt == "json"
           else format_summary(job, summary, out, chrome.name))
     return summary

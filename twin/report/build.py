@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html as _html
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from twin.report import runs as runs_figure
 from twin.report.html import Section, write
 from twin.report.style import duration
 from twin.rundir import REPORT, RunDirError, check_replace, chrome_path
+from twin.trace import Trace
 
 
 @dataclass
@@ -235,11 +237,14 @@ def export_chrome(runs: list[rd.Run], report: Path) -> list[Path]:
 
 
 def build(run_dirs: list[str | Path], out: str | Path | None = None,
-          options: Options | None = None) -> Written:
-    """Write the report of ``run_dirs`` and, as the options say, Chrome exports and PNGs."""
+          options: Options | None = None, traces: Mapping[Path, Trace] | None = None) -> Written:
+    """Write the report of ``run_dirs`` and, as the options say, Chrome exports and PNGs.
+    ``traces``: run directory -> its trace as the caller holds it, just saved there
+    (``Trace.as_saved``: not read back from the file)."""
     opts = options or Options()
     paths = rd.expand(list(run_dirs))
-    runs = [rd.load(p, opts.summarize) for p in paths]
+    held = {Path(p).resolve(): t for p, t in (traces or {}).items()}
+    runs = [rd.load(p, opts.summarize, held.get(Path(p).resolve())) for p in paths]
     target = output_path(paths, out, opts.force)
     secs = sections(runs, opts)
     if len(runs) == 1:
@@ -262,7 +267,9 @@ def build(run_dirs: list[str | Path], out: str | Path | None = None,
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path | None = None,
-                 options: Options | None = None) -> Path:
+                 options: Options | None = None,
+                 traces: Mapping[Path, Trace] | None = None) -> Path:
     """Write one self-contained HTML report of ``run_dirs`` (and each traced run's Chrome
-    export, trace.json, into its directory); returns the report's path."""
-    return build(run_dirs, out, options).report
+    export, trace.json, into its directory); returns the report's path. ``traces``: see
+    ``build``."""
+    return build(run_dirs, out, options, traces).report

@@ -158,16 +158,17 @@ def expand(paths: list[str | Path]) -> list[Path]:
 Summarizer = Callable[[Trace, Job], Mapping]
 
 
-def load(path: str | Path, summarize: Summarizer | None = None) -> Run:
+def load(path: str | Path, summarize: Summarizer | None = None, trace: Trace | None = None) -> Run:
     """Read one run directory (see the module docstring). A directory with a trace but no
     summary.json gets ``summarize(trace, job)`` when a summarizer is given (the CLI passes
-    ``twin.metrics.summarize``); the report itself never computes one."""
+    ``twin.metrics.summarize``); the report itself never computes one. ``trace``: the
+    directory's trace as its writer holds it (``Trace.as_saved``), not read again."""
     path = Path(path)
     run = Run(path=path)
     run.summary = read_summary(path)
     run.trace_path = find_trace(path)
     if run.trace_path is not None:
-        run.trace = Trace.load(run.trace_path)
+        run.trace = trace if trace is not None else Trace.load(run.trace_path)
     if (path / CONFIG).is_file():
         try:
             run.config = yaml.safe_load((path / CONFIG).read_text()) or {}
