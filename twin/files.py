@@ -21,6 +21,21 @@ def write_text_atomic(path: str | Path, text: str, *, compress: bool = False) ->
     return path
 
 
+def write_pieces_atomic(path: str | Path, pieces) -> Path:
+    """``write_text_atomic`` of ``"".join(pieces)``, a piece at a time (never held whole)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for piece in pieces:
+                fh.write(piece)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
+    return path
+
+
 def write_json_atomic(path: str | Path, data, indent: int | None = 2) -> Path:
     return write_text_atomic(path, json.dumps(data, indent=indent, default=str,
                                               separators=None if indent else (",", ":")))

@@ -12,8 +12,8 @@ from paratwin.config import job_from_cfg, load_profile
 from paratwin.outdir import out_dir
 from paratwin.progress import Progress
 from twin import rundir
-from twin.chrome import chrome_trace
-from twin.files import write_json_atomic, write_text_atomic
+from twin.chrome import write_chrome
+from twin.files import write_json_atomic
 from twin.sim.engine import SimOptions
 from twin.sim.run import check_budget, resolve_options, simulate
 from twin.sim.spans import TRACE_LEVELS
@@ -215,8 +215,8 @@ def run(cfg) -> dict:
     else:
         trace.save(out / rundir.TRACE)
         if not cfg.get("report", True):
-            write_text_atomic(chrome, json.dumps(chrome_trace(trace)))
-    held = {} if level == "none" else {out: trace.as_saved()}
+            write_chrome(trace, chrome)
+    held = {out: trace.as_saved()} if level != "none" and cfg.get("report", True) else {}
     del trace
     summary = dict(result.summary, out_dir=str(out))
     write_json_atomic(out / "summary.json", summary)

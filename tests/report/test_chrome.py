@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from twin.chrome import chrome_text, write_chrome
 from twin.chrome import chrome_trace as chrome_events
-from twin.chrome import write_chrome
 from twin.report import rundir as rd
 from twin.rundir import CHROME_FALLBACK as FALLBACK_NAME
 from twin.rundir import chrome_path
@@ -83,3 +83,27 @@ def test_never_overwrites_a_paratwin_trace_named_trace_json(runs, tmp_path):
     out = write_chrome(run.trace, chrome_path(tmp_path))
     assert json.loads(out.read_text())["traceEvents"]
     assert rd.load(tmp_path).trace_path.name == "trace.json"  # still the paratwin trace
+
+
+def test_the_export_is_the_compact_json_of_its_events(runs, tmp_path):
+    """The export is written as text, span by span, not through a dict per event: it must be
+    exactly what json.dumps writes for the events it holds (numbers, escapes, key order), for
+    spans as the twin makes them and as a file gives them back (ints, numpy floats, quotes)."""
+    import dataclasses
+
+    import numpy as np
+
+    run = rd.load(runs["single"])
+    spans = list(run.trace.spans)
+    for i in (1, next(i for i, s in enumerate(spans) if s.kind == "gemm")):  # an alloc, a slice
+        spans[i] = dataclasses.replace(spans[i], start_us=np.float64(spans[i].start_us),
+                                       op='a "quoted" \\ op \u00e9', bytes=4096)
+    trace = dataclasses.replace(run.trace, spans=spans)
+    text = "".join(chrome_text(trace, gpus_per_node=4))
+    data = json.loads(text)
+    assert json.dumps(data, separators=(",", ":")) == text
+    assert data == chrome_events(trace, gpus_per_node=4)
+    mine = [e for e in data["traceEvents"] if e.get("args", {}).get("op") == 'a "quoted" \\ op \u00e9']
+    assert {e["ph"] for e in mine} == {"i", "X"} and all(e["args"]["bytes"] == 4096 for e in mine)
+    out = write_chrome(trace, tmp_path / "trace.json", gpus_per_node=4)
+    assert out.read_text() == text
