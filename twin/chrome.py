@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
 
+import numpy as np
+
 from twin.files import write_pieces_atomic
 from twin.metrics import live_series
 from twin.rundir import CHROME_FALLBACK, check_replace, is_trace_file
@@ -32,20 +34,27 @@ def _inside(start_us: float, end_us: float, at_end: bool) -> float:
 
 def _slots(spans: list[Span]) -> list[int]:
     """Sub-track of each span so that spans on one track never overlap: Chrome's format
-    needs slices on a thread to nest, and p2p ops (isend/irecv) run concurrently."""
+    needs slices on a thread to nest, and p2p ops (isend/irecv) run concurrently. First fit
+    in order of (start, end); a track whose spans follow one another (most) is all slot 0."""
     slot = [0] * len(spans)
-    ends: dict[tuple[int, str], list[float]] = {}
-    for i in sorted(range(len(spans)), key=lambda i: (spans[i].start_us, spans[i].end_us)):
-        s = spans[i]
-        if s.kind in MEMORY_KINDS:
-            continue
-        free = ends.setdefault((s.rank, s.stream), [])
-        k = next((k for k, e in enumerate(free) if e <= s.start_us), len(free))
-        if k == len(free):
-            free.append(s.end_us)
-        else:
-            free[k] = s.end_us
-        slot[i] = k
+    lanes: dict[tuple[int, str], list[int]] = {}
+    for i, s in enumerate(spans):
+        if s.kind not in MEMORY_KINDS:
+            lanes.setdefault((s.rank, s.stream), []).append(i)
+    for idx in lanes.values():
+        start = np.array([spans[i].start_us for i in idx], dtype=float)
+        end = np.array([spans[i].end_us for i in idx], dtype=float)
+        order = np.lexsort((end, start))  # stable: ties keep the spans' order
+        if (start[order[1:]] >= end[order[:-1]]).all():
+            continue  # each starts after the one before it ends: one track
+        free: list[float] = []
+        for j in order.tolist():
+            k = next((k for k, e in enumerate(free) if e <= start[j]), len(free))
+            if k == len(free):
+                free.append(end[j])
+            else:
+                free[k] = end[j]
+            slot[idx[j]] = k
     return slot
 
 
