@@ -16,7 +16,8 @@ Run: python benchmarks/bench_twin.py [a|b|c|d|e|f ...]   (default: all)
      full recompute, 32 micro-batches per pipeline (uniform routing: every EP rank folds)
 (c)-(g) run as `paratwin simulate` does by default: fold=auto (every exact copy simulated
 once), fast_forward=true, trace=auto (what the report draws); "write s" is writing that
-trace (spans.json). (d) and (e) use the cluster's profile (calibration=auto: dgx_a100, fitted
+trace (spans.json), "report s" what the CLI writes next from it (report.html and the Chrome
+export trace.json). (d) and (e) use the cluster's profile (calibration=auto: dgx_a100, fitted
 on measured A100 steps, whose host waits after each send/recv batch as Megatron's does).
 Target: each step under 10 s on 2 cores. Prints
 figures, asserts nothing.
@@ -33,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.presets import cli_job, dgx_h100, llama3  # noqa: E402
 from twin.cost import CostModel  # noqa: E402
+from twin.files import write_json_atomic  # noqa: E402
+from twin.report import write_report  # noqa: E402
 from twin.sim.engine import SimOptions  # noqa: E402
 from twin.sim.run import simulate  # noqa: E402
 from twin.spec import Job, ParallelPlan, build_job  # noqa: E402
@@ -78,22 +81,28 @@ def main() -> None:
     which = sys.argv[1:] or sorted([*JOBS, *PUBLISHED])
     print(f"{'job':<4} {'model':<13} {'GPUs':>6} {'m':>4} {'fold':<5} {'sim':>4} "
           f"{'mb sim':>6} {'ops':>10} {'events':>9} {'wall s':>7} {'write s':>7} "
-          f"{'step s':>8} {'MFU':>6}")
+          f"{'report s':>8} {'step s':>8} {'MFU':>6}")
     for key in which:
         name, job, cost, options, trace = job_of(key)
         t0 = time.perf_counter()
         res = simulate(job, cost, options, trace=trace)
         wall = time.perf_counter() - t0
+        report = "-"
         with tempfile.TemporaryDirectory() as tmp:
             t1 = time.perf_counter()
             res.trace.save(Path(tmp) / "spans.json")
             write = time.perf_counter() - t1
+            if trace is not None:  # what `paratwin simulate` writes next, from the same trace
+                write_json_atomic(Path(tmp) / "summary.json", res.summary.to_dict())
+                t2 = time.perf_counter()
+                write_report([tmp], traces={Path(tmp): res.trace.as_saved()})
+                report = f"{time.perf_counter() - t2:.2f}"
         s = res.summary
         ff = s["fast_forward"]
         m = job.parallel.num_microbatches
         print(f"({key})  {name:<13} {job.grid.world_size:>6} {m:>4} {s['fold']:<5} "
               f"{s['simulated_ranks']:>4} {ff['simulated_microbatches'] if ff else m:>6} "
-              f"{s['ops']:>10,} {s['events']:>9,} {wall:>7.2f} {write:>7.2f} "
+              f"{s['ops']:>10,} {s['events']:>9,} {wall:>7.2f} {write:>7.2f} {report:>8} "
               f"{s['step_time_s']:>8.3f} {s['mfu']:>6.1%}", flush=True)
 
 
