@@ -138,7 +138,7 @@ def _sim(args) -> tuple[dict | None, str | None]:
         if report:
             from twin.report import write_report
 
-            write_report([run])
+            write_report([run], traces={run: result.trace.as_saved()})
     return summary, None
 
 
