@@ -122,8 +122,9 @@ def run_replay(name: str, ecfg, cfg, out: Path, kept: dict | None = None) -> dic
     job = job_from_cfg(ecfg)
     cost = load_profile(cfg.get("calibration"), job.cluster)
     res = _simulate(job, cost, twin_dir, cfg, (exec_dir / rundir.CONFIG).read_text())
+    real = Trace.load(exec_dir / "spans.json")
     fig = {**compare(measured, res.summary),
-           "kinds": kind_errors(Trace.load(exec_dir / "spans.json"), res.trace),
+           "kinds": kind_errors(real, res.trace),
            "profile": cost.name, "profile_id": profile_id(cost),
            "wall_s": time.perf_counter() - t0 if kept is None else kept["wall_s"],
            "attempts": attempts, "measured_dir": exec_dir.name}
@@ -131,7 +132,8 @@ def run_replay(name: str, ecfg, cfg, out: Path, kept: dict | None = None) -> dic
         try:
             from twin.report import write_report
 
-            write_report([exec_dir, twin_dir], out=out / name / "report.html")
+            write_report([exec_dir, twin_dir], out=out / name / "report.html",
+                         traces={exec_dir: real, twin_dir: res.trace.as_saved()})
         except Exception as err:  # the figures are a bonus: a report failure keeps the result
             fig["report_error"] = f"{type(err).__name__}: {err}"
     return fig
