@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import plotly.graph_objects as go
@@ -43,29 +44,41 @@ def _b64(a: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()
 
 
-def _payload(series: Series) -> dict:
-    spans = sorted(series.spans, key=lambda s: s.start_us)
+def _payload(name: str, spans: list[Span], lanes: list[int]) -> dict:
+    """The page's data of one series: its spans (sorted by start) and their lanes."""
     n = len(spans)
     start = np.fromiter((s.start_us for s in spans), np.float64, n)
     end = np.fromiter((s.end_us for s in spans), np.float64, n)
-    lane = np.fromiter((series.lane_of(s) for s in spans), np.int32, n)
-    meta = np.array([(s.rank, s.step, s.layer, s.mb, s.bytes, s.flops) for s in spans],
-                    dtype=np.float64).reshape(n, 6)
-    return {"name": series.name, "start": _b64(start), "end": _b64(end), "lane": _b64(lane),
+    meta = np.empty((n, 6), dtype=np.float64)
+    for j, field in enumerate(("rank", "step", "layer", "mb", "bytes", "flops")):
+        meta[:, j] = np.fromiter(map(attrgetter(field), spans), np.float64, n)
+    return {"name": name, "start": _b64(start), "end": _b64(end),
+            "lane": _b64(np.array(lanes, dtype=np.int32)),
             "meta": _b64(meta), "ops": [s.op for s in spans],
             "max_dur": float((end - start).max()) if n else 0.0}
+
+
+def _by_start(spans: list[Span], lane_of) -> tuple[list[Span], list[int]]:
+    """``spans`` sorted by start (stable) and the lane of each."""
+    spans = sorted(spans, key=attrgetter("start_us"))
+    return spans, [lane_of(s) for s in spans]
 
 
 def merged(spans: list[Span], lane_of, tol_us: float) -> list[tuple[int, float, float, int, Span]]:
     """Segments (lane, start, end, spans merged, first span) of ``spans`` with neighbours in
     a lane closer than ``tol_us`` merged: what the page draws when zoomed out (as LOD_JS)."""
+    return _merged(*_by_start(spans, lane_of), tol_us)
+
+
+def _merged(spans: list[Span], lanes: list[int], tol_us: float) -> list[tuple]:
+    """``merged`` of spans sorted by start, given their lanes."""
     open_: dict[int, list] = {}
     out: list[tuple[int, float, float, int, Span]] = []
-    for s in sorted(spans, key=lambda s: s.start_us):
-        lane = lane_of(s)
+    for s, lane in zip(spans, lanes):
         cur = open_.get(lane)
         if cur is not None and s.start_us - cur[1] <= tol_us:
-            cur[1] = max(cur[1], s.end_us)
+            if s.end_us > cur[1]:
+                cur[1] = s.end_us
             cur[2] += 1
             continue
         if cur is not None:
@@ -95,8 +108,9 @@ def add_lod(fig: go.Figure, series: list[Series], lanes: int, x_range: tuple[flo
     cats = []
     tol = (x_range[1] - x_range[0]) / width_px
     for s in series:
-        a = _merged_arrays(merged(s.spans, s.lane_of, tol))
-        cats.append({**_payload(s), "trace": len(fig.data)})
+        spans, lanes_of = _by_start(s.spans, s.lane_of)
+        a = _merged_arrays(_merged(spans, lanes_of, tol))
+        cats.append({**_payload(s.name, spans, lanes_of), "trace": len(fig.data)})
         fig.add_trace(go.Scatter(x=a["x"], y=a["y"], text=a["text"], mode="lines", name=s.name,
                                  opacity=s.opacity, legendgroup=s.group or s.name,
                                  showlegend=s.legend, line={"color": s.color, "width": line_px},
