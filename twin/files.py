@@ -9,24 +9,15 @@ import os
 from pathlib import Path
 
 
-def write_text_atomic(path: str | Path, text: str, *, compress: bool = False) -> Path:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if compress:
-        with gzip.open(tmp, "wt") as fh:
-            fh.write(text)
-    else:
-        tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
-def write_pieces_atomic(path: str | Path, pieces) -> Path:
-    """``write_text_atomic`` of ``"".join(pieces)``, a piece at a time (never held whole)."""
+def write_pieces_atomic(path: str | Path, pieces, *, compress: bool = False) -> Path:
+    """Write the text ``"".join(pieces)`` atomically, a piece at a time (never held whole);
+    ``compress``: gzip. A piece that fails to come (an exception) leaves the file as it was
+    and no temporary behind."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with (gzip.open(tmp, "wt", encoding="utf-8") if compress
+              else open(tmp, "w", encoding="utf-8")) as fh:
             for piece in pieces:
                 fh.write(piece)
     except BaseException:
@@ -34,6 +25,10 @@ def write_pieces_atomic(path: str | Path, pieces) -> Path:
         raise
     tmp.replace(path)
     return path
+
+
+def write_text_atomic(path: str | Path, text: str, *, compress: bool = False) -> Path:
+    return write_pieces_atomic(path, (text,), compress=compress)
 
 
 def write_json_atomic(path: str | Path, data, indent: int | None = 2) -> Path:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from twin.files import write_pieces_atomic
 
 if TYPE_CHECKING:
     from twin.schedule.ir import Op
@@ -93,23 +95,21 @@ class Trace:
                 "spans": [list(_ROW(s)) for s in self.spans]}
 
     def save(self, path: str | Path) -> Path:
-        """Write atomically (a temporary file renamed into place); ``.gz`` compresses. The
-        spans are written a chunk at a time (the same bytes as ``json.dumps(to_dict())``
-        compact), so the file's text is never held whole beside the spans."""
+        """Write atomically (twin.files.write_pieces_atomic); ``.gz`` compresses. The spans
+        are written a chunk at a time (the same bytes as ``json.dumps(to_dict())`` compact),
+        so the file's text is never held whole beside the spans."""
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        return write_pieces_atomic(path, self._pieces(), compress=path.suffix == ".gz")
+
+    def _pieces(self) -> Iterator[str]:
         head = json.dumps({"format": FORMAT, "version": VERSION, "meta": self.meta,
                            "columns": COLUMNS}, separators=(",", ":"))
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(tmp, "wt", encoding="utf-8") as fh:
-            fh.write(head[:-1] + ',"spans":[')
-            spans = self.spans
-            for k in range(0, len(spans), CHUNK):
-                rows = json.dumps([_ROW(s) for s in spans[k:k + CHUNK]], separators=(",", ":"))
-                fh.write(("," if k else "") + rows[1:-1])
-            fh.write("]}")
-        tmp.replace(path)
-        return path
+        yield head[:-1] + ',"spans":['
+        spans = self.spans
+        for k in range(0, len(spans), CHUNK):
+            rows = json.dumps([_ROW(s) for s in spans[k:k + CHUNK]], separators=(",", ":"))
+            yield ("," if k else "") + rows[1:-1]
+        yield "]}"
 
     def as_saved(self) -> Trace:
         """This trace as ``load`` reads it back from its saved file (the metadata through
