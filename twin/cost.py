@@ -321,14 +321,6 @@ def call_role(op: Op) -> str:
     return op.group_name.partition("-")[0] or "pp"
 
 
-def host_key(op: Op) -> tuple:
-    """What ``CostModel.host_time`` of an op depends on (memo keys): its kind, dtype and
-    group, whether it is FSDP's (call_role), and an elementwise op's pricing flags
-    (``shape[1:]``: one kernel, a reduction, outside the compiled blocks), a TP GEMM."""
-    return (op.kind, op.dtype, op.group_name, op.paradigm == "fsdp", len(op.group),
-            op.shape[1:] if op.kind == "elementwise" else op.tp_gemm)
-
-
 def shape_key(op: Op) -> str:
     """The key of a kernel shape in ``CostModel.shape_factors``: kind, dtype and shape, e.g.
     ``gemm:fp16:2048x1536x1024`` (gemm m x n x k; attention batch x heads x kv_heads x seq x

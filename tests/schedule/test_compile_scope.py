@@ -93,7 +93,7 @@ def test_a_compiled_model_writes_the_profile_it_came_from_less_the_eager_model()
 
 
 def test_the_hosts_plan_times_every_op_as_host_time_does():
-    """The plan memoizes host times per host_key: FSDP2's copies (one kernel), the layers'
+    """The plan prices the host per op signature (twin.sim.codes): FSDP2's copies (one kernel), the layers'
     ops and the ops outside the blocks each keep their own (a copy first must not set the
     price of every elementwise op after it)."""
     eager = _h100_profile()

@@ -150,6 +150,8 @@ class Program:
     blocks: list | None = None
     """The bodies stamped from a recorded template (twin.schedule.stamp): (template, phase,
     layer, chunk, micro-batch, first op) each, its ops consecutive and named alike."""
+    codes: object = field(default=None, repr=False, compare=False)
+    """Its ops' signature codes (twin.sim.codes.op_codes), made on first use."""
 
     def __iter__(self) -> Iterator[Op]:
         return iter(self.ops)

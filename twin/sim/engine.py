@@ -26,6 +26,7 @@ import simpy
 from twin.cost import CostModel
 from twin.schedule.ir import Program
 from twin.sim.calls import Calls
+from twin.sim.codes import op_codes
 from twin.sim.fabric import EPS, Contended, Fabric
 from twin.sim.flows import FlowPlanner
 from twin.sim.host import HostPlan, host_plan
@@ -311,15 +312,16 @@ class Simulation(Calls):
         key = ("template", prog.template) if prog.template is not None else ("rank", rank)
         out = self._structures.get(key)
         if out is None:
-            gpu, cost = self.job.cluster.gpu, self.cost
+            gpu, cost, codes = self.job.cluster.gpu, self.cost, op_codes(prog)
             if not self.topo.shared_cpu:
                 out = self._structures[key] = structure(
-                    prog.ops, lambda op: cost.compute_time(op, gpu), host_plan(prog.ops, cost))
+                    prog.ops, lambda op: cost.compute_time(op, gpu),
+                    host_plan(prog.ops, cost, codes), codes)
                 return out
             # ranks on CPU cores: the thread that computes pays for issuing the calls
             charges = thread_charges(prog.ops, cost)
             out = structure(prog.ops, lambda op: cost.compute_time(op, gpu),
-                            host_plan(prog.ops, issue_cost(cost)))
+                            host_plan(prog.ops, issue_cost(cost), codes), codes)
             for i, c in charges.items():
                 out.base_s[i] += c.seconds
             out = self._structures[key] = out._replace(charged=charges)

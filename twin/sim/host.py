@@ -17,8 +17,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from twin.cost import CostModel, host_key
+import numpy as np
+
+from twin.cost import CostModel
 from twin.schedule.ir import Op
+from twin.sim.codes import Codes, codes_of
 from twin.vocab import P2P_KINDS
 
 
@@ -39,45 +42,58 @@ class HostPlan:
         return self.issue_s[i] - self.issue_s[s] if s >= 0 else self.issue_s[i]
 
 
-def host_plan(ops: list[Op], cost: CostModel) -> HostPlan | None:
-    """The host's plan of a program, or None when the host neither costs nor waits."""
-    memo: dict[tuple, float] = {}
-    host = []
-    for op in ops:  # the same kinds and groups recur at every layer and micro-batch
-        key = host_key(op)
-        h = memo.get(key)
-        if h is None:
-            h = memo[key] = cost.host_time(op)
-        host.append(h)
+def host_plan(ops: list[Op], cost: CostModel, codes: Codes | None = None) -> HostPlan | None:
+    """The host's plan of a program, or None when the host neither costs nor waits.
+    ``codes``: its ops' signatures (default: made here); the host's time of an op is its
+    signature's."""
+    codes = codes_of(ops) if codes is None else codes
+    host = codes.column([cost.host_time(op) for op in codes.reps], float).tolist()
     sync_of = [-1] * len(ops)  # memory ops keep -1: no time, no host
     waits: dict[int, tuple[int, ...]] = {}
     if cost.p2p_host_sync:
-        _sync_points(ops, sync_of, waits)
+        sync_of = _sync_points(codes, waits)
     if not waits and not any(host):
         return None
     return HostPlan(list(itertools.accumulate(host)), sync_of, waits)
 
 
-def _sync_points(ops: list[Op], sync_of: list[int], waits: dict[int, tuple[int, ...]]) -> None:
-    """Fill in each timed op's sync point and what the host waits for at each: a sync point
-    is the last op of a run of consecutive (timed) sends and recvs of the pipeline's exchange
-    (group pp, or unnamed as in schedules written before send/recv had other groups)."""
-    last_of_stream: dict[str, int] = {}  # each send/recv its own
-    current = batch = -1  # the last sync point; the last op of the exchange being issued
-    for i, op in enumerate(ops):
-        if op.stream == "mem":
+def _sync_points(codes: Codes, waits: dict[int, tuple[int, ...]]) -> list[int]:
+    """Each op's sync point (returned; -1: none, and for memory ops) and what the host waits
+    for at each (filled into ``waits``). A sync point is the last op of a run of consecutive
+    timed sends and recvs of the pipeline's exchange (group pp, or unnamed as in schedules
+    written before send/recv had other groups); a timed op's is the last one before it. The
+    host waits there for the last op so far of each stream but the sends and recvs, and for
+    every send and recv (any group) since the sync point before."""
+    reps, code = codes.reps, codes.code
+    p2p = np.array([op.kind in P2P_KINDS for op in reps], dtype=bool)
+    pipe = p2p & np.array([op.group_name in ("pp", "") for op in reps], dtype=bool)
+    streams = [op.stream for op in reps]
+    mem = codes.column([s == "mem" for s in streams], bool)
+    timed = np.flatnonzero(~mem)
+    run = pipe[code[timed]]
+    ends = timed[run & ~np.append(run[1:], False)]  # the sync points
+    if not len(ends):
+        return [-1] * len(code)
+    sync_of = np.full(len(code), -1, dtype=np.int64)
+    k = np.searchsorted(ends, timed, side="left") - 1
+    sync_of[timed] = np.where(k >= 0, ends[np.maximum(k, 0)], -1)
+    before = np.concatenate([[-1], ends[:-1]])  # each sync point's previous one
+    is_p2p = p2p[code] & ~mem
+    lasts = []  # per stream: its last op up to each sync point (-1: none)
+    for s in dict.fromkeys(streams):
+        idx = np.flatnonzero(codes.column([x == s for x in streams], bool) & ~is_p2p & ~mem)
+        if not len(idx):
             continue
-        p2p = op.kind in P2P_KINDS
-        if batch >= 0 and not (p2p and op.group_name in ("pp", "")):  # the batch has ended
-            waits[batch] = tuple(sorted(set(last_of_stream.values())))
-            last_of_stream = {s: j for s, j in last_of_stream.items() if not s.startswith("p2p")}
-            current, batch = batch, -1
-        sync_of[i] = current
-        if p2p:
-            last_of_stream[f"p2p{i}"] = i
-            if op.group_name in ("pp", ""):
-                batch = i
-        else:
-            last_of_stream[op.stream] = i
-    if batch >= 0:  # the program ends with one
-        waits[batch] = tuple(sorted(set(last_of_stream.values())))
+        at = np.searchsorted(idx, ends, side="right") - 1
+        last = np.where(at >= 0, idx[np.maximum(at, 0)], -1)
+        if s.startswith("p2p"):  # a stream named like the sends' own: forgotten at each sync
+            last = np.where(last > before, last, -1)
+        lasts.append(last)
+    sends = np.flatnonzero(is_p2p)
+    lo = np.searchsorted(sends, before, side="right").tolist()
+    hi = np.searchsorted(sends, ends, side="right").tolist()
+    table = np.stack(lasts, axis=1).tolist() if lasts else [[] for _ in lo]
+    sends_l = sends.tolist()
+    for j, e in enumerate(ends.tolist()):
+        waits[e] = tuple(sorted({*(x for x in table[j] if x >= 0), *sends_l[lo[j]:hi[j]]}))
+    return sync_of.tolist()

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from twin.sim.codes import Codes, codes_of
 from twin.vocab import COLLECTIVE_KINDS, COMPUTE_KINDS, MEMORY_KINDS, P2P_KINDS, PIPELINE_PHASES
 
 _CALLS = frozenset(COLLECTIVE_KINDS) | frozenset(P2P_KINDS)
@@ -42,32 +43,26 @@ class OpTable(NamedTuple):
     """Signed bytes of memory ops: + alloc, - free, 0 for the rest."""
 
 
-def op_table(ops) -> OpTable:
-    """The table of a program's ops (see OpTable); the span fields as ``Span.of`` sets them."""
-    n = len(ops)
-    # a few kinds and phases recur: each op's code, then every column by lookup
-    kind_code: dict[str, int] = {}
-    kinds = np.fromiter((kind_code.setdefault(op.kind, len(kind_code)) for op in ops),
-                        dtype=np.int64, count=n)
-    phase_code: dict[str, int] = {}
-    phases = np.fromiter((phase_code.setdefault(op.phase, len(phase_code)) for op in ops),
-                         dtype=np.int64, count=n)
-    of_kind = list(kind_code)
-    compute = np.array([k in COMPUTE_KINDS for k in of_kind], dtype=bool)[kinds]
-    memory = np.array([k in MEMORY_KINDS for k in of_kind], dtype=bool)[kinds]
-    is_alloc = np.array([k == "alloc" for k in of_kind], dtype=bool)[kinds]
-    pipe_phase = np.array([p in PIPELINE_PHASES for p in phase_code], dtype=bool)[phases]
+def op_table(ops, codes: Codes | None = None) -> OpTable:
+    """The table of a program's ops (see OpTable); the span fields as ``Span.of`` sets them.
+    ``codes``: the ops' signatures (default: made here)."""
+    codes = codes_of(ops) if codes is None else codes
+    reps, column = codes.reps, codes.column
+    compute = column([op.kind in COMPUTE_KINDS for op in reps], bool)
+    memory = column([op.kind in MEMORY_KINDS for op in reps], bool)
+    is_alloc = column([op.kind == "alloc" for op in reps], bool)
+    pipe_phase = column([op.phase in PIPELINE_PHASES for op in reps], bool)
+    # the groups (calls by their group's name, other ops by kind) numbered as they first come
+    role = [None if op.kind in COMPUTE_KINDS or op.kind in MEMORY_KINDS
+            else (op.group_name if op.kind in _CALLS else "") or op.kind for op in reps]
     names: dict[str, int] = {}
-    group = np.full(n, -1, dtype=np.int64)
-    pp = np.zeros(n, bool)
-    for i in np.flatnonzero(~(compute | memory)).tolist():
-        op = ops[i]
-        role = op.group_name if op.kind in _CALLS else ""
-        group[i] = names.setdefault(role or op.kind, len(names))
-        pp[i] = role == "pp"
-    nbytes = np.zeros(n)
-    mem = np.flatnonzero(memory)
-    nbytes[mem] = [ops[i].bytes for i in mem.tolist()]
+    for c in np.argsort(codes.first, kind="stable").tolist():
+        if role[c] is not None:
+            names.setdefault(role[c], len(names))
+    group = column([-1 if r is None else names[r] for r in role], np.int64)
+    pp = column([r is not None and op.kind in _CALLS and op.group_name == "pp"
+                 for op, r in zip(reps, role)], bool)
+    nbytes = column([float(op.bytes) if op.kind in MEMORY_KINDS else 0.0 for op in reps], float)
     mem_bytes = np.where(is_alloc, nbytes, -nbytes)
     timed = ~memory
     return OpTable(compute, timed, compute & pipe_phase, group, tuple(names),

@@ -14,6 +14,7 @@ import numpy as np
 from twin.cost import CostModel
 from twin.schedule.builder import build_schedule
 from twin.schedule.ir import Program
+from twin.sim.codes import op_codes
 from twin.sim.critical import CriticalPath, critical_path
 from twin.sim.engine import SimOptions, Simulation
 from twin.sim.fastforward import (
@@ -113,7 +114,7 @@ class Stepper:
         hit = self._tables.get(key)
         if hit is None or (hit[0] is not prog.ops if prog.template is None
                            else len(hit[1].compute) != len(prog.ops)):
-            hit = self._tables[key] = (prog.ops, op_table(prog.ops))
+            hit = self._tables[key] = (prog.ops, op_table(prog.ops, op_codes(prog)))
         return hit[1]
 
     def _engine(self, job: Job, options: SimOptions) -> Simulation:

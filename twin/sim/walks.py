@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from twin.schedule.ir import Op
+from twin.sim.codes import Codes, codes_of
 from twin.sim.private import COMPUTE
 from twin.sim.records import Structure
 from twin.vocab import COMPUTE_KINDS
@@ -29,26 +32,16 @@ class Walk(NamedTuple):
     """Per op: its dependencies on another stream of its own walk (timed by arithmetic)."""
 
 
-def structure(ops: list[Op], compute_time, host) -> Structure:
+def structure(ops: list[Op], compute_time, host, codes: Codes | None = None) -> Structure:
     """The Structure of a program: its streams, base compute times (``compute_time(op)``,
-    memoized per shape) and the host's plan."""
-    streams: dict[str, list[int]] = {}
-    memory: list[int] = []
-    base = [0.0] * len(ops)
-    is_compute = [op.kind in COMPUTE_KINDS for op in ops]
-    memo: dict[tuple, float] = {}
-    for i, op in enumerate(ops):
-        if op.stream == "mem":
-            memory.append(i)  # timed after the run from its dependencies
-            continue
-        streams.setdefault(op.stream, []).append(i)
-        if is_compute[i]:  # the same shapes recur at every layer and micro-batch
-            sig = (op.kind, op.dtype, op.shape, op.flops, op.bytes)
-            t = memo.get(sig)
-            if t is None:
-                t = memo[sig] = compute_time(op)
-            base[i] = t
-    return Structure(streams, base, host, is_compute, memory)
+    once per signature) and the host's plan. ``codes``: its ops' (default: made here)."""
+    codes = codes_of(ops) if codes is None else codes
+    compute = [op.kind in COMPUTE_KINDS for op in codes.reps]
+    base = [compute_time(op) if c and op.stream != "mem" else 0.0
+            for op, c in zip(codes.reps, compute)]
+    memory = codes.column([op.stream == "mem" for op in codes.reps], bool)
+    return Structure(codes.stream_indices(), codes.column(base, float).tolist(), host,
+                     codes.column(compute, bool).tolist(), np.flatnonzero(memory).tolist())
 
 
 def build_walk(ops: list[Op], st: Structure, inlined: tuple[str, ...] = ()) -> Walk:
