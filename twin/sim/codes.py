@@ -38,9 +38,10 @@ class Codes(NamedTuple):
         """Stream -> indices of its ops in program order, the streams in the order their
         first op comes (``skip``'s ops left out)."""
         names = [op.stream for op in self.reps]
-        of_sig = np.array(names, dtype=object)
+        number = {s: k for k, s in enumerate(dict.fromkeys(names))}
+        per_op = self.column([number[s] for s in names], np.int64)
         order = np.argsort(self.first, kind="stable").tolist()  # signatures by first op
-        return {s: np.flatnonzero(of_sig[self.code] == s).tolist()
+        return {s: np.flatnonzero(per_op == number[s]).tolist()
                 for s in dict.fromkeys(names[c] for c in order) if s != skip}
 
 
