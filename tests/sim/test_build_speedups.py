@@ -91,7 +91,8 @@ def test_stamped_programs_are_the_generic_programs(name, stamps):
 
 
 @pytest.mark.parametrize("name", ["tp4 pp2 1f1b full", "interleaved selective gqa rope",
-                                  "interleaved full sp", "moe ep2", "zb_v full", "fp8 tp2"])
+                                  "interleaved full sp", "moe ep2", "zb_v full", "fp8 tp2",
+                                  "async tp"])
 def test_stamped_programs_simulate_to_the_same_step(name, stamps):
     job = _job(name)
     times = {}
@@ -110,6 +111,21 @@ def test_stamps_are_used():
     builder.build()
     stamper = builder.tp.stamper
     assert stamper.checked and all(stamper.templates[k] is not None for k in stamper.checked)
+
+
+def test_async_tp_bodies_are_stamped_with_their_copies_tagged_by_their_own_prefix():
+    """Async TP's copies are tagged by their body's name (``fwd/mb3/L1/ag1.s0``): the record
+    keeps the tag past the prefix, so later bodies are stamped, each copy tagged by its own
+    body (and paired with its peer's copy of the same body)."""
+    job = _job("async tp")
+    for prog in build_schedule(job).programs().values():
+        assert len({b[4] for b in prog.blocks}) >= 2  # micro-batches past the first's bodies
+        for t, _phase, _layer, _chunk, _mb, base in prog.blocks:
+            copies = [op for op in prog.ops[base:base + t.size] if op.kind in ("send", "recv")]
+            assert copies
+            for op in copies:
+                prefix = op.name.rsplit("/", 1)[0] + "/"
+                assert type(op.tag) is str and op.tag.startswith(prefix)
 
 
 def test_a_body_that_differs_from_its_stamp_stays_generic():

@@ -8,11 +8,13 @@ and recorded: per op its name past the prefix, its fields, and its dependencies 
 inside the body plus the input it reads (one of the body's inputs, as ``_dep_tuple`` gives
 them). The second body of the kind is built by the generic code too and compared with its
 stamp; later ones are stamped from the record: the same Program as the generic code, op for
-op (tests/sim/test_build_speedups.py). A kind whose record would not hold (an op labelled
+op (tests/sim/test_build_speedups.py). A send/recv tag that starts with the body's prefix
+(async TP's copies are tagged by their body's name) is recorded past it, as names are. A
+kind whose record would not hold (an op labelled
 other than its context, a dependency on an op before the body that is not one of its
 inputs, an output outside it) or whose stamp differed stays generic. Only dense layer
-bodies without context parallelism, async TP or a split backward's held-back weight
-gradients are offered (TensorParallel._stamps)."""
+bodies without context parallelism or a split backward's held-back weight gradients are
+offered (TensorParallel._stamps)."""
 
 from __future__ import annotations
 
@@ -60,7 +62,8 @@ def _compile(rec: list[tuple], n_slots: int):
     consts = []
     for j, (local, kind, stream, slot, offs, paradigm, rest) in enumerate(rec):
         consts.append(rest)
-        sets = [f"o.{f} = r[{k}]" for k, f in enumerate(_REST)]
+        sets = [f"o.{f} = r[{k}]" if not (k == _TAG and isinstance(rest[k], _Local))
+                else f"o.tag = prefix + {str(rest[k])!r}" for k, f in enumerate(_REST)]
         lines += [f"    o = _Slots(); r = K[{j}]",
                   f"    o.name = n = prefix + {local!r}",
                   f"    o.kind = {kind!r}; o.stream = {stream!r}; o.deps = {_deps_code(slot, offs)}",
@@ -85,6 +88,12 @@ _CODE: dict[str, object] = {}
 
 
 _SLOTS = type("_StampSlots", (), {"__slots__": tuple(Op.__slots__)})
+_TAG = _REST.index("tag")
+
+
+class _Local(str):
+    """A send/recv tag recorded past the body's prefix (async TP's copies are tagged by
+    their body's name): the stamp writes the prefix before it."""
 
 
 def record(b: ProgramBuilder, start: int, ctx: Ctx, slots: tuple[tuple[int, ...], ...],
@@ -106,8 +115,10 @@ def record(b: ProgramBuilder, start: int, ctx: Ctx, slots: tuple[tuple[int, ...]
             if len(match) != 1:
                 return None
             slot = match[0]
-        rec.append((op.name[cut:], op.kind, op.stream, slot, offs, op.paradigm,
-                    tuple(getattr(op, f) for f in _REST)))
+        rest = tuple(getattr(op, f) for f in _REST)
+        if op.tag.startswith(prefix):
+            rest = (*rest[:_TAG], _Local(op.tag[cut:]), *rest[_TAG + 1:])
+        rec.append((op.name[cut:], op.kind, op.stream, slot, offs, op.paradigm, rest))
     if out is None or out < start:
         return None
     last = b.last_compute

@@ -81,9 +81,9 @@ class TensorParallel(Pass):
 
     def _stamps(self, ctx: Ctx) -> bool:
         """Whether the layer's body may be stamped: a dense layer without context
-        parallelism, async TP or a split backward (those keep the generic code)."""
-        return stamp.ENABLED and self.cp is None and self.async_tp is None \
-            and self.deferred is None and (self.moe is None or not self.moe.is_moe(ctx.layer))
+        parallelism or a split backward (those keep the generic code)."""
+        return stamp.ENABLED and self.cp is None and self.deferred is None \
+            and (self.moe is None or not self.moe.is_moe(ctx.layer))
 
     # -- as a pass -------------------------------------------------------------------
     def run(self, unit: Unit) -> Idx:
