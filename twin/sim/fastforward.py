@@ -142,12 +142,19 @@ def counterparts(ops, d: int, microbatches: int | None = None, blocks=None) -> n
     todo = range(len(ops))  # the ops looked up by name
     if blocks:
         first = {key[:5]: key[5] for key in blocks}
-        done = np.zeros(len(ops), dtype=bool)
+        bases, others, sizes = [], [], []  # each body with a copy: its ops, the copy's
         for t, phase, layer, chunk, mb, base in blocks:
             other = first.get((t, phase, layer, chunk, mb + d)) if 0 <= mb < last else None
             if other is not None:
-                out[base:base + t.size] = np.arange(other, other + t.size)
-                done[base:base + t.size] = True
+                bases.append(base)
+                others.append(other)
+                sizes.append(t.size)
+        n = np.asarray(sizes, dtype=np.int64)
+        within = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)  # each op's place in its body
+        at = np.repeat(np.asarray(bases, dtype=np.int64), n) + within
+        out[at] = np.repeat(np.asarray(others, dtype=np.int64), n) + within
+        done = np.zeros(len(ops), dtype=bool)
+        done[at] = True
         todo = np.flatnonzero(~done).tolist()
     wanted: dict[str, list[int]] = {}  # counterpart's name -> the ops it is the copy of
     phase, mb = None, -1  # the (phase, mb) of the op before: the next ops mostly share it
