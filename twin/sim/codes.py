@@ -34,15 +34,18 @@ class Codes(NamedTuple):
         """Per op, the value of its signature (``values``: one per signature)."""
         return np.asarray(values, dtype=dtype)[self.code]
 
+    def in_order(self) -> list[int]:
+        """The signatures in the order their first op comes in the program."""
+        return np.argsort(self.first, kind="stable").tolist()
+
     def stream_indices(self, skip: str = "mem") -> dict[str, list[int]]:
         """Stream -> indices of its ops in program order, the streams in the order their
         first op comes (``skip``'s ops left out)."""
         names = [op.stream for op in self.reps]
         number = {s: k for k, s in enumerate(dict.fromkeys(names))}
         per_op = self.column([number[s] for s in names], np.int64)
-        order = np.argsort(self.first, kind="stable").tolist()  # signatures by first op
         return {s: np.flatnonzero(per_op == number[s]).tolist()
-                for s in dict.fromkeys(names[c] for c in order) if s != skip}
+                for s in dict.fromkeys(names[c] for c in self.in_order()) if s != skip}
 
 
 def signature(op: Op) -> tuple:

@@ -67,8 +67,7 @@ def _sync_points(codes: Codes, waits: dict[int, tuple[int, ...]]) -> list[int]:
     reps, code = codes.reps, codes.code
     p2p = np.array([op.kind in P2P_KINDS for op in reps], dtype=bool)
     pipe = p2p & np.array([op.group_name in ("pp", "") for op in reps], dtype=bool)
-    streams = [op.stream for op in reps]
-    mem = codes.column([s == "mem" for s in streams], bool)
+    mem = codes.column([op.stream == "mem" for op in reps], bool)
     timed = np.flatnonzero(~mem)
     run = pipe[code[timed]]
     ends = timed[run & ~np.append(run[1:], False)]  # the sync points
@@ -80,8 +79,9 @@ def _sync_points(codes: Codes, waits: dict[int, tuple[int, ...]]) -> list[int]:
     before = np.concatenate([[-1], ends[:-1]])  # each sync point's previous one
     is_p2p = p2p[code] & ~mem
     lasts = []  # per stream: its last op up to each sync point (-1: none)
-    for s in dict.fromkeys(streams):
-        idx = np.flatnonzero(codes.column([x == s for x in streams], bool) & ~is_p2p & ~mem)
+    for s, ops in codes.stream_indices().items():
+        idx = np.asarray(ops, dtype=np.int64)
+        idx = idx[~is_p2p[idx]]
         if not len(idx):
             continue
         at = np.searchsorted(idx, ends, side="right") - 1

@@ -56,7 +56,7 @@ def op_table(ops, codes: Codes | None = None) -> OpTable:
     role = [None if op.kind in COMPUTE_KINDS or op.kind in MEMORY_KINDS
             else (op.group_name if op.kind in _CALLS else "") or op.kind for op in reps]
     names: dict[str, int] = {}
-    for c in np.argsort(codes.first, kind="stable").tolist():
+    for c in codes.in_order():
         if role[c] is not None:
             names.setdefault(role[c], len(names))
     group = column([-1 if r is None else names[r] for r in role], np.int64)
