@@ -1,0 +1,171 @@
+"""Where one simulated step's time goes: seconds per pass of the twin, for a bench_twin row or
+torchtitan's 405B with async TP.
+
+Run: python benchmarks/pass_times.py [JOB] [--build] [--generic] [--events]
+  JOB: a row of benchmarks/bench_twin.py (a-g; default e), or asynctp405b: Llama 3.1 405B on
+       512 H100s as benchmarks/long_context.py's B405 (FSDP 8 x TP 8 x PP 8, compile + FP8,
+       async TP) with its 15/16x6/15 split, global batch 256 of micro-batch 1 (32
+       micro-batches per pipeline)
+  --build: only build the stage programs (one rank per stage) of the job with the reduced
+       runs' micro-batch counts the fast-forward tries, and time that
+  --generic: build every layer body with the generic code (twin.schedule.stamp.ENABLED off:
+       what stamping saves; the programs are the same)
+  --events: count the SimPy events the engine schedules, by what scheduled them (slower)
+
+Times each pass by wrapping its function (perf_counter, summed over calls): program building,
+the engine's event loop, the host plan, structure, walks, op tables, the fast-forward's cut
+and counterparts, the critical path, and the rest of ``simulate`` (spans, flows, figures).
+Prints figures, asserts nothing; the wall time is one run's (this host's noise is +-20%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import importlib
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ASYNC_TP_405B = ("parallel.global_batch_size=256", "parallel.micro_batch_size=1")
+PASSES = [  # (module, function, modules that imported it by name)
+    ("twin.sim.walks", "structure", ("twin.sim.engine",)),
+    ("twin.sim.host", "host_plan", ("twin.sim.engine",)),
+    ("twin.sim.walks", "build_walk", ()),
+    ("twin.sim.stats", "op_table", ("twin.sim.stepsim",)),
+    ("twin.sim.fastforward", "counterparts", ()),
+    ("twin.sim.fastforward", "find_cut", ("twin.sim.stepsim",)),
+    ("twin.sim.fastforward", "expand", ("twin.sim.stepsim",)),
+    ("twin.sim.critical", "critical_path", ("twin.sim.stepsim",)),
+]
+METHODS = [("twin.schedule.ir", "Schedule", "program", "programs"),
+           ("twin.sim.private", "Inliner", "streams", "inliner.streams"),
+           ("simpy.core", "Environment", "run", "env.run")]
+
+
+def job_and_options(key: str):
+    """(job, profile, SimOptions, trace level) of ``key``."""
+    from twin.sim.engine import SimOptions
+
+    if key == "asynctp405b":
+        from benchmarks.long_context import B405, SPLIT8
+        from benchmarks.presets import cli_job
+
+        job, cost = cli_job(*B405, SPLIT8, *ASYNC_TP_405B)
+        return job, cost, SimOptions(fold="auto"), "auto"
+    from benchmarks.bench_twin import job_of
+
+    _, job, cost, options, trace = job_of(key)
+    return job, cost, options, trace
+
+
+def _timed(times: dict, label: str, f):
+    @functools.wraps(f)
+    def run(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            times[label] += time.perf_counter() - t0
+    return run
+
+
+def instrument(times: dict) -> None:
+    """Wrap every pass of PASSES and METHODS so that ``times`` sums its seconds."""
+    for mod, name, users in PASSES:
+        wrapped = _timed(times, name, getattr(importlib.import_module(mod), name))
+        for m in (mod, *users):
+            setattr(importlib.import_module(m), name, wrapped)
+    for mod, cls, name, label in METHODS:
+        owner = getattr(importlib.import_module(mod), cls)
+        setattr(owner, name, _timed(times, label, getattr(owner, name)))
+
+
+def count_events(counts: Counter) -> None:
+    """Count each SimPy timeout by the function and line that made it, and every other
+    scheduled event by its type."""
+    from simpy.core import Environment
+
+    timeout, schedule = Environment.timeout, Environment.schedule
+
+    def timed(self, delay=0, value=None):
+        caller = sys._getframe(1)
+        counts[f"timeout {caller.f_code.co_name}:{caller.f_lineno}"] += 1
+        return timeout(self, delay, value)
+
+    def scheduled(self, event, priority=1, delay=0):
+        if type(event).__name__ != "Timeout":
+            counts[f"event {type(event).__name__}"] += 1
+        return schedule(self, event, priority, delay)
+
+    Environment.timeout, Environment.schedule = timed, scheduled
+
+
+def build_only(job) -> None:
+    """Build one rank per stage with each micro-batch count the stepper may simulate: its
+    reduced runs (PERIODS steady periods, then twice as many; two when that would be more
+    than half) and the full job."""
+    from twin.schedule.builder import build_schedule
+    from twin.sim.fastforward import PERIODS, reduced_job, reduced_microbatches
+
+    m = job.parallel.num_microbatches
+    counts = {reduced_microbatches(job, k) for k in (2, PERIODS, 2 * PERIODS)}
+    gc.disable()  # as the simulator builds them (twin.sim.stepsim.quiet_gc)
+    for m_r in sorted({c for c in counts if 2 * c <= m} | {m}):
+        j = reduced_job(job, m_r)
+        schedule = build_schedule(j)
+        t0 = time.perf_counter()
+        progs = [schedule.program(r) for r in j.grid.group(0, "pp")]
+        print(f"{m_r:>4} micro-batches: {time.perf_counter() - t0:6.2f} s, "
+              f"{sum(len(p.ops) for p in progs):,} ops, "
+              f"{sum(len(p.blocks or ()) for p in progs):,} stamped bodies")
+    gc.enable()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("job", nargs="?", default="e")
+    ap.add_argument("--build", action="store_true")
+    ap.add_argument("--generic", action="store_true")
+    ap.add_argument("--events", action="store_true")
+    args = ap.parse_args()
+    if args.generic:
+        from twin.schedule import stamp
+
+        stamp.ENABLED = False
+    job, cost, options, trace = job_and_options(args.job)
+    if args.build:
+        build_only(job)
+        return
+    times: dict[str, float] = defaultdict(float)
+    counts: Counter = Counter()
+    instrument(times)
+    if args.events:
+        count_events(counts)
+    from twin.sim.run import simulate
+
+    t0 = time.perf_counter()
+    res = simulate(job, cost, options, trace=trace)
+    wall = time.perf_counter() - t0
+    s = res.summary
+    ff = s["fast_forward"]
+    print(f"{args.job}: wall {wall:.2f} s, step {s['step_time_s']:.6f} s, {s['ops']:,} ops, "
+          f"{s['events']:,} events, fast-forwarded: "
+          f"{ff['simulated_microbatches'] if ff else 'no'}")
+    for label, sec in sorted(times.items(), key=lambda kv: -kv[1]):
+        note = " (counterparts inside)" if label == "find_cut" else ""
+        print(f"  {label:<16} {sec:7.2f}{note}")
+    outside = wall - sum(v for k, v in times.items() if k != "counterparts")
+    print(f"  {'rest':<16} {outside:7.2f} (spans, flows, figures, codes, conversions)")
+    if counts:
+        print(f"events scheduled: {sum(counts.values()):,}")
+        for what, n in counts.most_common(12):
+            print(f"  {n:>9,} {what}")
+
+
+if __name__ == "__main__":
+    main()
