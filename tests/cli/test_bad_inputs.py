@@ -170,6 +170,7 @@ def _project(tmp_path: Path) -> Path:
     return proj
 
 
+@pytest.mark.multiprocess
 def test_execute_never_deletes_a_users_files(tmp_path):
     proj = _project(tmp_path)
     before = snapshot(proj)
@@ -190,6 +191,7 @@ def test_execute_never_deletes_a_users_files(tmp_path):
     assert snapshot(proj)["logs/train.log"] == b"keep\n"
 
 
+@pytest.mark.multiprocess
 def test_simulate_refuses_a_directory_execute_wrote(tmp_path):
     run = tmp_path / "ex"
     assert paratwin("execute", *T, "parallel=ddp", "launcher=torchrun", f"out_dir={run}",
@@ -248,6 +250,7 @@ def test_rank_entry_on_a_damaged_run_json(tmp_path):
     one_line(out, "run.json is not valid JSON")
 
 
+@pytest.mark.multiprocess
 def test_seconds_may_be_fractional(tmp_path):
     out = paratwin("execute", *T, "parallel=ddp", "launcher=torchrun", "timeout_s=1.5",
                    f"out_dir={tmp_path / 'x'}", cwd=tmp_path)
