@@ -1,13 +1,15 @@
 """Where one simulated step's time goes: seconds per pass of the twin, for a bench_twin row or
 torchtitan's 405B with async TP.
 
-Run: python benchmarks/pass_times.py [JOB] [--build] [--generic] [--events]
+Run: python benchmarks/pass_times.py [JOB] [--build [--floor]] [--generic] [--events]
   JOB: a row of benchmarks/bench_twin.py (a-g; default e), or asynctp405b: Llama 3.1 405B on
        512 H100s as benchmarks/long_context.py's B405 (FSDP 8 x TP 8 x PP 8, compile + FP8,
        async TP) with its 15/16x6/15 split, global batch 256 of micro-batch 1 (32
        micro-batches per pipeline)
   --build: only build the stage programs (one rank per stage) of the job with the reduced
        runs' micro-batch counts the fast-forward tries, and time that
+  --floor: with --build, stamped bodies append placeholders instead of ops (no Op object,
+       no name): what the builder's own logic costs, the floor of any cheaper stamped op
   --generic: build every layer body with the generic code (twin.schedule.stamp.ENABLED off:
        what stamping saves; the programs are the same)
   --events: count the SimPy events the engine schedules, by what scheduled them (slower)
@@ -105,6 +107,25 @@ def count_events(counts: Counter) -> None:
     Environment.timeout, Environment.schedule = timed, scheduled
 
 
+def stamp_placeholders() -> None:
+    """Stamped bodies append ``None`` per op (their bookkeeping as ``stamp.stamp`` does it):
+    the programs are not usable, only the time to build them is."""
+    from twin.schedule import stamp
+
+    def placeholders(b, t, ctx, slots, grads):
+        base = len(b.ops)
+        b.ops.extend([None] * t.size)
+        b.blocks.append((t, ctx.phase, ctx.layer, ctx.chunk, ctx.mb, base))
+        if t.last_compute is not None:
+            b.last_compute = base + t.last_compute
+        if t.grads is not None:
+            for k, off in t.grads:
+                grads[k] = base + off
+        return base + t.out
+
+    stamp.stamp = placeholders
+
+
 def build_only(job) -> None:
     """Build one rank per stage with each micro-batch count the stepper may simulate: its
     reduced runs (PERIODS steady periods, then twice as many; two when that would be more
@@ -130,6 +151,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("job", nargs="?", default="e")
     ap.add_argument("--build", action="store_true")
+    ap.add_argument("--floor", action="store_true")
     ap.add_argument("--generic", action="store_true")
     ap.add_argument("--events", action="store_true")
     args = ap.parse_args()
@@ -139,6 +161,8 @@ def main() -> None:
         stamp.ENABLED = False
     job, cost, options, trace = job_and_options(args.job)
     if args.build:
+        if args.floor:
+            stamp_placeholders()
         build_only(job)
         return
     times: dict[str, float] = defaultdict(float)
