@@ -2,6 +2,7 @@
 torchtitan's 405B with async TP.
 
 Run: python benchmarks/pass_times.py [JOB] [--build [--floor]] [--generic] [--events]
+                                       [--p2p-alone]
   JOB: a row of benchmarks/bench_twin.py (a-g; default e), or asynctp405b: Llama 3.1 405B on
        512 H100s as benchmarks/long_context.py's B405 (FSDP 8 x TP 8 x PP 8, compile + FP8,
        async TP) with its 15/16x6/15 split, global batch 256 of micro-batch 1 (32
@@ -12,6 +13,9 @@ Run: python benchmarks/pass_times.py [JOB] [--build [--floor]] [--generic] [--ev
        no name): what the builder's own logic costs, the floor of any cheaper stamped op
   --generic: build every layer body with the generic code (twin.schedule.stamp.ENABLED off:
        what stamping saves; the programs are the same)
+  --p2p-alone: time every send/recv as if alone on its links (its latency, then its bytes at
+       its uncontended rate: one timeout, no flow): NOT the twin's result; what the fabric's
+       p2p flows cost the engine and how much their sharing moves the step
   --events: count the SimPy events the engine schedules, by what scheduled them (slower)
 
 Times each pass by wrapping its function (perf_counter, summed over calls): program building,
@@ -43,10 +47,18 @@ PASSES = [  # (module, function, modules that imported it by name)
     ("twin.sim.fastforward", "find_cut", ("twin.sim.stepsim",)),
     ("twin.sim.fastforward", "expand", ("twin.sim.stepsim",)),
     ("twin.sim.critical", "critical_path", ("twin.sim.stepsim",)),
+    ("twin.sim.walks", "memory_times", ("twin.sim.engine",)),
+    ("twin.sim.stats", "step_figures", ("twin.sim.run",)),
 ]
 METHODS = [("twin.schedule.ir", "Schedule", "program", "programs"),
            ("twin.sim.private", "Inliner", "streams", "inliner.streams"),
-           ("simpy.core", "Environment", "run", "env.run")]
+           ("simpy.core", "Environment", "run", "env.run"),
+           ("twin.sim.flows", "FlowPlanner", "prepare", "flows.prepare"),
+           ("twin.sim.engine", "Simulation", "_run", "engine (all)")]
+INSIDE = {"engine (all)": ("env.run", "structure", "host_plan", "build_walk", "inliner.streams",
+                           "flows.prepare", "memory_times"),
+          "find_cut": ("counterparts",)}
+"""Passes timed inside another (left out of the sum that gives the rest)."""
 
 
 def job_and_options(key: str):
@@ -126,6 +138,22 @@ def stamp_placeholders() -> None:
     stamp.stamp = placeholders
 
 
+def p2p_alone() -> None:
+    """Replace the pairs' transfers by one timeout each (see --p2p-alone)."""
+    from twin.sim import sendrecv
+
+    def alone(sim, src, dst, op, waiters):
+        bundle, lat = sim.flows.p2p(src, dst, op.bytes)
+        x = 0.0
+        if bundle is not None:
+            cap = sim.fabric.capacity
+            x = bundle.size_bytes / min(cap[r] / (w * c) for r, w, c in zip(
+                bundle.resources, bundle.weights, bundle.byte_costs))
+        sim.env.timeout(lat + x).callbacks.extend(waiters)
+
+    sendrecv.transfer = alone
+
+
 def build_only(job) -> None:
     """Build one rank per stage with each micro-batch count the stepper may simulate: its
     reduced runs (PERIODS steady periods, then twice as many; two when that would be more
@@ -154,6 +182,7 @@ def main() -> None:
     ap.add_argument("--floor", action="store_true")
     ap.add_argument("--generic", action="store_true")
     ap.add_argument("--events", action="store_true")
+    ap.add_argument("--p2p-alone", action="store_true")
     args = ap.parse_args()
     if args.generic:
         from twin.schedule import stamp
@@ -170,6 +199,8 @@ def main() -> None:
     instrument(times)
     if args.events:
         count_events(counts)
+    if args.p2p_alone:
+        p2p_alone()
     from twin.sim.run import simulate
 
     t0 = time.perf_counter()
@@ -180,11 +211,14 @@ def main() -> None:
     print(f"{args.job}: wall {wall:.2f} s, step {s['step_time_s']:.6f} s, {s['ops']:,} ops, "
           f"{s['events']:,} events, fast-forwarded: "
           f"{ff['simulated_microbatches'] if ff else 'no'}")
+    inner = {k: outer for outer, ks in INSIDE.items() for k in ks}
     for label, sec in sorted(times.items(), key=lambda kv: -kv[1]):
-        note = " (counterparts inside)" if label == "find_cut" else ""
+        note = f" (inside {inner[label]})" if label in inner else ""
         print(f"  {label:<16} {sec:7.2f}{note}")
-    outside = wall - sum(v for k, v in times.items() if k != "counterparts")
-    print(f"  {'rest':<16} {outside:7.2f} (spans, flows, figures, codes, conversions)")
+    timed = times.get("engine (all)", 0.0) - sum(times.get(k, 0.0) for k in INSIDE["engine (all)"])
+    print(f"  {'engine, rest':<16} {timed:7.2f} (inside engine (all): events, processes, arrays)")
+    outside = wall - sum(v for k, v in times.items() if k not in inner)
+    print(f"  {'rest':<16} {outside:7.2f} (spans, codes, conversions)")
     if counts:
         print(f"events scheduled: {sum(counts.values()):,}")
         for what, n in counts.most_common(12):
