@@ -69,7 +69,8 @@ else:
         worker is free. The machine has 2 cores: two rank-spawning tests at once would run
         4-8 ranks on them and time collectives out; one beside a single-process test is what
         the cores take. (xdist's ``--dist loadgroup`` would do this with ``xdist_group``
-        marks, but under pytest 9.2 the group never reaches its node ids.)"""
+        marks, but under pytest 9.2 the group never reaches its node ids: pytest-xdist
+        issue 1386, open.)"""
 
         def _split_scope(self, nodeid: str) -> str:
             return "ranks" if spawns_ranks(nodeid) else nodeid
