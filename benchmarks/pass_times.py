@@ -120,20 +120,15 @@ def count_events(counts: Counter) -> None:
 
 
 def stamp_placeholders() -> None:
-    """Stamped bodies append ``None`` per op (their bookkeeping as ``stamp.stamp`` does it):
+    """Stamped bodies append ``None`` per op (their bookkeeping as ``stamp.stamp`` does it,
+    ``stamp.placed``):
     the programs are not usable, only the time to build them is."""
     from twin.schedule import stamp
 
     def placeholders(b, t, ctx, slots, grads):
         base = len(b.ops)
         b.ops.extend([None] * t.size)
-        b.blocks.append((t, ctx.phase, ctx.layer, ctx.chunk, ctx.mb, base))
-        if t.last_compute is not None:
-            b.last_compute = base + t.last_compute
-        if t.grads is not None:
-            for k, off in t.grads:
-                grads[k] = base + off
-        return base + t.out
+        return stamp.placed(b, t, ctx, base, grads)
 
     stamp.stamp = placeholders
 

@@ -139,13 +139,19 @@ def stamp(b: ProgramBuilder, t: Template, ctx: Ctx, slots: tuple[tuple[int, ...]
     ops, names = b.ops, b._names
     base, before = len(ops), len(names)
     t.emit(ops, names, base, ctx.prefix() + "/", ctx.phase, ctx.layer, ctx.mb, ctx.chunk, slots)
-    b.blocks.append((t, ctx.phase, ctx.layer, ctx.chunk, ctx.mb, base))
     if len(names) != before + t.size:  # a name the program had already
         seen = set()
         for op in ops[base:]:
             if op.name in seen or names[op.name] < base:
                 raise AssertionError(f"duplicate op name {op.name!r} on rank {b.rank}")
             seen.add(op.name)
+    return placed(b, t, ctx, base, grads)
+
+
+def placed(b: ProgramBuilder, t: Template, ctx: Ctx, base: int, grads: dict | None) -> int:
+    """What the builder learns of ``t``'s body appended at ``base``: the block, its last
+    compute op and gradients; returns the body's output."""
+    b.blocks.append((t, ctx.phase, ctx.layer, ctx.chunk, ctx.mb, base))
     if t.last_compute is not None:
         b.last_compute = base + t.last_compute
     if t.grads is not None:
