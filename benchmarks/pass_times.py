@@ -120,9 +120,8 @@ def count_events(counts: Counter) -> None:
 
 
 def stamp_placeholders() -> None:
-    """Stamped bodies append ``None`` per op (their bookkeeping as ``stamp.stamp`` does it,
-    ``stamp.placed``):
-    the programs are not usable, only the time to build them is."""
+    """Stamped bodies append ``None`` per op, with the bookkeeping ``stamp.stamp`` does
+    (``stamp.placed``): the programs are not usable, only the time to build them is."""
     from twin.schedule import stamp
 
     def placeholders(b, t, ctx, slots, grads):
@@ -139,11 +138,7 @@ def p2p_alone() -> None:
 
     def alone(sim, src, dst, op, waiters):
         bundle, lat = sim.flows.p2p(src, dst, op.bytes)
-        x = 0.0
-        if bundle is not None:
-            cap = sim.fabric.capacity
-            x = bundle.size_bytes / min(cap[r] / (w * c) for r, w, c in zip(
-                bundle.resources, bundle.weights, bundle.byte_costs))
+        x = bundle.size_bytes / bundle.alone_rate(sim.fabric.capacity) if bundle else 0.0
         sim.env.timeout(lat + x).callbacks.extend(waiters)
 
     sendrecv.transfer = alone
@@ -211,9 +206,9 @@ def main() -> None:
         note = f" (inside {inner[label]})" if label in inner else ""
         print(f"  {label:<16} {sec:7.2f}{note}")
     timed = times.get("engine (all)", 0.0) - sum(times.get(k, 0.0) for k in INSIDE["engine (all)"])
-    print(f"  {'engine, rest':<16} {timed:7.2f} (inside engine (all): events, processes, arrays)")
+    print(f"  {'engine, rest':<16} {timed:7.2f} (inside engine (all): events, processes, op codes, arrays)")
     outside = wall - sum(v for k, v in times.items() if k not in inner)
-    print(f"  {'rest':<16} {outside:7.2f} (spans, codes, conversions)")
+    print(f"  {'rest':<16} {outside:7.2f} (spans for the trace, op tables' codes, conversions)")
     if counts:
         print(f"events scheduled: {sum(counts.values()):,}")
         for what, n in counts.most_common(12):

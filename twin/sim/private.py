@@ -94,8 +94,7 @@ def private_calls(planner, capacity: dict, simulated: set[int]) -> dict[tuple, P
                 phases.append((lat, 0.0, 0.0))
                 continue
             shared.update((r, None) for r in b.resources if users[r] != who)
-            rate = min(capacity[r] / (w * c) for r, w, c in zip(b.resources, b.weights,
-                                                                 b.byte_costs))
+            rate = b.alone_rate(capacity)
             phases.append((lat, b.size_bytes, rate if rate > 0 else math.inf))
         out[key] = PrivateCall(next(iter(who)), plan.base_latency_s, tuple(phases),
                                tuple(shared))

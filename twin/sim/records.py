@@ -206,6 +206,12 @@ class Bundle(NamedTuple):
     byte_costs: tuple[float, ...]
     """Per resource: units of it one byte uses (Topology.byte_cost)."""
 
+    def alone_rate(self, capacity: dict) -> float:
+        """Bytes per second when no other flow is on its resources: the fabric's rate law
+        (twin.sim.fabric.Fabric._rate) under its own load alone."""
+        return min(capacity[r] / (w * c) for r, w, c in zip(self.resources, self.weights,
+                                                            self.byte_costs))
+
 
 @dataclass(slots=True)
 class Rendezvous:
