@@ -16,7 +16,7 @@ from twin.schedule import stamp
 from twin.schedule.builder import build_schedule
 from twin.schedule.ir import Op
 from twin.sim.engine import SimOptions
-from twin.sim.fastforward import counterparts, pieces
+from twin.sim.fastforward import counterparts, joined, mb_tokens
 from twin.sim.run import simulate
 from twin.sim.spans import rank_spans
 from twin.spec import GPUSpec, ParallelPlan, build_job
@@ -151,22 +151,25 @@ def test_a_body_that_differs_from_its_stamp_stays_generic():
 
 # -- the fast paths of the fast-forward and the trace, against their plain versions --------
 
-def _pieces_by_pattern(text: str, mb: int) -> tuple[str, ...]:
-    return tuple(re.split(rf"(?<![A-Za-z0-9_])mb{mb}(?![0-9])", text))
+def _moved_by_pattern(text: str, d: int) -> str:
+    return re.sub(r"(?<![A-Za-z0-9_])mb([0-9]+)", lambda m: f"mb{int(m[1]) + d}", text)
 
 
 @pytest.mark.parametrize("text", ["fwd/mb1/L0/qkv", "fwd/mb12/L0/qkv", "a_mb1", "xmb1/a", "mb1",
                                   "mb1_x", "mb10mb1", "mb1/mb1", "fwd/mb1/L3/free.act.L3.mb12",
-                                  "", "nothing", "bwd/mb1/c0/alloc.act.L0.mb1"])
-def test_pieces_split_as_the_pattern_does(text):
-    for mb in (1, 12):
-        assert pieces(text, mb) == _pieces_by_pattern(text, mb)
+                                  "", "nothing", "bwd/mb1/c0/alloc.act.L0.mb1", "mb", "mbx",
+                                  "bwd/mb6/L37/free.gathered.37.fwd.mb11"])
+def test_micro_batch_tokens_split_as_the_pattern_does(text):
+    pieces, mbs = mb_tokens(text)
+    assert len(pieces) == len(mbs) + 1
+    for d in (0, 1, 12):
+        assert joined(pieces, mbs, d) == _moved_by_pattern(text, d)
 
 
 def _counterparts_by_pattern(ops, d: int) -> np.ndarray:
     index = {op.name: i for i, op in enumerate(ops)}
-    return np.array([index.get(re.sub(rf"(?<![A-Za-z0-9_])mb{op.mb}(?![0-9])", f"mb{op.mb + d}",
-                                      op.name), -1) if op.mb >= 0 else -1 for op in ops])
+    return np.array([index.get(_moved_by_pattern(op.name, d), -1) if op.mb >= 0 else -1
+                     for op in ops])
 
 
 @pytest.mark.parametrize("name", ["interleaved full sp", "tp4 pp2 1f1b full", "zb_v full"])
@@ -195,10 +198,8 @@ def _spans_by_span_of(rank, ops, line, step, offset_s, moved):
         dmb = int(moved[k]) if moved is not None and op.mb >= 0 else 0
         span = Span.of(op, rank, step, start[k], end[k])
         if dmb:
-            token = f"mb{op.mb + dmb}"
-            span = dataclasses.replace(span, op=token.join(_pieces_by_pattern(op.name, op.mb)),
-                                       mb=op.mb + dmb, tag=token.join(
-                                           _pieces_by_pattern(op.tag, op.mb)) if op.tag else op.tag)
+            span = dataclasses.replace(span, op=_moved_by_pattern(op.name, dmb), mb=op.mb + dmb,
+                                       tag=_moved_by_pattern(op.tag, dmb))
         out.append(span)
     return out
 

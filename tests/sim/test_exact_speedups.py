@@ -13,7 +13,7 @@ from tests.conftest import gpt
 from twin.metrics import summarize
 from twin.schedule.builder import build_schedule
 from twin.sim.engine import SimOptions, Simulation, fold_classes
-from twin.sim.fastforward import find_cut, reduced_job, reduced_microbatches, rename
+from twin.sim.fastforward import find_cut, moved, reduced_job, reduced_microbatches
 from twin.sim.records import auto_fold, exact_axes
 from twin.sim.run import simulate
 from twin.spec import ClusterSpec, GPUSpec, InterNodeSpec, ParallelPlan, build_job
@@ -50,6 +50,10 @@ PLANS = {
     "3d + zero1, full recompute": (dict(tp=2, pp=2, zero_stage=1, recompute="full",
                                         global_batch_size=128), (2, 4, 4), True),
     "pp over nodes, one NIC": (dict(pp=4, tp=2, global_batch_size=48), (2, 4, 1), True),
+    # FSDP kept gathered from a forward to a later backward, gradients reduced once (as
+    # torchtitan runs FSDP under PP): buffers named by two micro-batches
+    "fsdp under pp, unsharded": (dict(zero_stage=3, pp=4, fsdp_reshard_after_forward=False,
+                                      grad_sync="last", global_batch_size=96), (2, 4, 4), True),
     # the two pipelines meet different links (one sends between nodes where the other does
     # not): each repeats with its own period, none with one period: simulated in full
     "pp=3 across 4-GPU nodes (dp unfolded)": (dict(tp=2, pp=3, pp_stage_layers=[3, 3, 2],
@@ -79,7 +83,8 @@ def test_folded_and_fast_forwarded_steps_equal_the_full_simulation(name):
         assert fast["exposed_comm_s"][group] == pytest.approx(value, rel=1e-6, abs=1e-12)
 
 
-@pytest.mark.parametrize("name", ["1f1b", "interleaved", "3d + zero1, full recompute"])
+@pytest.mark.parametrize("name", ["1f1b", "interleaved", "3d + zero1, full recompute",
+                                  "fsdp under pp, unsharded"])
 def test_a_fast_forwarded_trace_is_the_full_runs_span_for_span(name):
     plan, shape, _ = PLANS[name]
     job = _job(plan, *shape)
@@ -138,10 +143,13 @@ def test_a_what_if_or_jitter_turns_folding_and_fast_forward_off_with_a_notice():
     assert s["step_time_s"] > base["step_time_s"]
 
 
-def test_rename_moves_only_the_ops_own_micro_batch():
-    assert rename("fwd/mb2/c0/alloc.act.embed.mb2", 2, 30) == "fwd/mb30/c0/alloc.act.embed.mb30"
-    assert rename("act.c0.mb21", 2, 5) == "act.c0.mb21"
-    assert rename("act.c0.mb21", 21, 5) == "act.c0.mb5"
+def test_the_same_op_later_names_every_micro_batch_later():
+    assert moved("fwd/mb2/c0/alloc.act.embed.mb2", 28) == "fwd/mb30/c0/alloc.act.embed.mb30"
+    assert moved("act.c0.mb21", 3) == "act.c0.mb24"
+    assert moved("xmb2/mb_2", 3) == "xmb2/mb_2"
+    # a buffer gathered in a forward, freed in an earlier micro-batch's backward (FSDP kept
+    # unsharded under a pipeline): both micro-batches move
+    assert moved("bwd/mb6/L3/free.gathered.3.fwd.mb11", 1) == "bwd/mb7/L3/free.gathered.3.fwd.mb12"
 
 
 def _reduced_run(job):

@@ -1,5 +1,5 @@
-"""The hand-written fast paths give what the general code gives: renaming a micro-batch
-(fastforward.rename, counterparts) as the pattern does, and an op built without the frozen
+"""The hand-written fast paths give what the general code gives: moving the micro-batches an
+op's name names (fastforward.moved, counterparts) as the pattern does, and an op built without the frozen
 dataclass's __init__ (emit.make_op) equal to Op(...)."""
 
 from __future__ import annotations
@@ -14,21 +14,21 @@ from tests.conftest import cluster, gpt
 from twin.schedule.builder import build_schedule
 from twin.schedule.emit import make_op
 from twin.schedule.ir import Op
-from twin.sim.fastforward import counterparts, rename
+from twin.sim.fastforward import counterparts, moved
 from twin.spec import ParallelPlan, build_job
 
 
-def _by_pattern(text: str, mb: int, new: int) -> str:
-    return re.sub(rf"(?<![A-Za-z0-9_])mb{mb}(?![0-9])", f"mb{new}", text) if text else text
+def _by_pattern(text: str, d: int) -> str:
+    return re.sub(r"(?<![A-Za-z0-9_])mb([0-9]+)", lambda m: f"mb{int(m[1]) + d}", text)
 
 
 @pytest.mark.parametrize("text", [
     "fwd/mb1/L0/qkv", "fwd/mb12/L0/qkv", "fwd/mb1/L0/alloc.act.L0.mb1", "xmb1/a", "a_mb1",
     "mb1", "mb10mb1", "mb1_x", "bwd/mb1/c0/send", "p2p.mb1.c0", "", "nothing here", "mb1/mb1",
-    "fwd/mb1/L3/free.act.L3.mb12"])
-def test_rename_moves_the_micro_batch_token_as_the_pattern_does(text):
-    for mb, new in ((1, 5), (12, 3), (1, 1)):
-        assert rename(text, mb, new) == _by_pattern(text, mb, new)
+    "fwd/mb1/L3/free.act.L3.mb12", "bwd/mb6/L37/free.gathered.37.fwd.mb11", "mb"])
+def test_moved_moves_every_micro_batch_token_as_the_pattern_does(text):
+    for d in (4, -1, 0, 30):
+        assert moved(text, d) == _by_pattern(text, d)
 
 
 def interleaved_job(global_batch_size: int):
@@ -45,7 +45,7 @@ def test_counterparts_are_the_ops_renamed_d_micro_batches_on():
     for rank in (0, 2):
         ops = build_schedule(job).program(rank).ops
         index = {op.name: i for i, op in enumerate(ops)}
-        want = [index.get(_by_pattern(op.name, op.mb, op.mb + 2), -1) if op.mb >= 0 else -1
+        want = [index.get(_by_pattern(op.name, 2), -1) if op.mb >= 0 else -1
                 for op in ops]
         got = counterparts(ops, 2)
         assert (got >= 0).sum() > len(ops) // 2

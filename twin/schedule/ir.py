@@ -13,7 +13,11 @@ every stream. Stream semantics, the contract both the twin and the executor keep
 - a send and a recv pair by (sender, receiver, tag).
 
 An op's ``name`` is unique within its program and is the stable id shared by the
-twin's and the executor's traces: a span is identified by (rank, name).
+twin's and the executor's traces: a span is identified by (rank, name). A micro-batch token
+(``mb`` and its number) in a name or tag names the micro-batch whose work the op is or whose
+buffer it uses (a gathered unit kept from a later forward: ``bwd/mb6/L3/free.gathered.3.fwd.mb11``);
+the same op d micro-batches later names each of them d later (twin/sim/fastforward.py). A
+buffer that lives the whole step is named by no micro-batch.
 """
 
 from __future__ import annotations

@@ -182,11 +182,17 @@ class FSDP(Pass):
         if self.reshard and unit != ROOT:
             self._release(ctx, unit, done)
 
+    def _grad_buffer(self, unit: int, opened: int) -> str:
+        """The unsharded gradient's buffer: the micro-batch's when reduced every micro-batch;
+        else the step's, named by no micro-batch (a micro-batch token in a name moves with
+        the op when a fast-forwarded step repeats it: twin/sim/fastforward.py)."""
+        return f"grad.{unit}.mb{opened}" if self.every_mb else f"grad.{unit}"
+
     def begin_backward(self, ctx: Ctx, unit: int) -> None:
         """Allocate the unit's unsharded gradient (kept across micro-batches without sync)."""
         if unit not in self.grad_open:
             c = ctx.at(layer=-1 if unit == ROOT else unit, paradigm="fsdp")
-            self.b.alloc(c, f"grad.{unit}.mb{ctx.mb}", "grads", self._bytes(unit))
+            self.b.alloc(c, self._grad_buffer(unit, ctx.mb), "grads", self._bytes(unit))
             self.grad_open[unit] = ctx.mb
 
     def after_backward(self, ctx: Ctx, unit: int, grad_ops: list[Idx], done: Idx) -> None:
@@ -207,5 +213,5 @@ class FSDP(Pass):
                     "dp_replicate", self._reduced_bytes(unit) / len(self.group), [reduced],
                     stream="comm.ar", dtype=self.reduce_dtype))
             opened = self.grad_open.pop(unit)
-            self.b.free(c, f"grad.{unit}.mb{opened}", "grads", self._bytes(unit), [reduced])
+            self.b.free(c, self._grad_buffer(unit, opened), "grads", self._bytes(unit), [reduced])
         self._release(ctx, unit, done)

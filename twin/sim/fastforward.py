@@ -94,41 +94,53 @@ def reduced_job(job: Job, microbatches: int) -> Job:
     return dataclasses.replace(job, parallel=plan)
 
 
-@lru_cache(maxsize=1 << 18)
-def _split(text: str, mb: int) -> tuple[str, ...]:
-    return tuple(re.split(rf"(?<![A-Za-z0-9_])mb{mb}(?![0-9])", text))
-
-
 _WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
-_DIGITS = frozenset("0123456789")
+_DIGITS = "0123456789"
+_TOKEN = re.compile(r"(?<![A-Za-z0-9_])mb([0-9]+)")
+"""A micro-batch token of a name or tag: ``mb`` not inside a word, then all its digits."""
 
 
-def pieces(text: str, mb: int) -> tuple[str, ...]:
-    """``text`` split around its ``mb{mb}`` tokens: ``f"mb{new}".join(pieces)`` renames it."""
-    tok = f"mb{mb}"
-    before, found, after = text.partition(tok)
+@lru_cache(maxsize=1 << 18)
+def _tokens(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    parts = _TOKEN.split(text)
+    return tuple(parts[0::2]), tuple(map(int, parts[1::2]))
+
+
+def mb_tokens(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``text`` split around its micro-batch tokens: (the text between them, one more piece
+    than tokens; each token's micro-batch). An op's name can name other micro-batches than
+    its own (a buffer kept from a forward freed in a later backward:
+    ``bwd/mb6/L3/free.gathered.3.fwd.mb11``); the same op d micro-batches later has every
+    one of them moved by d."""
+    head, found, tail = text.partition("mb")
     if not found:
-        return (text,)
-    if tok not in after:  # one occurrence (most names): the pattern's test by hand
-        if before[-1:] in _WORD or after[:1] in _DIGITS:
-            return (text,)
-        return (before, after)
-    return _split(text, mb)
+        return (text,), ()
+    if "mb" not in tail:  # one "mb" (most names): the pattern's test by hand
+        k = len(tail) - len(tail.lstrip(_DIGITS))
+        if not k or head[-1:] in _WORD:
+            return (text,), ()
+        return (head, tail[k:]), (int(tail[:k]),)
+    return _tokens(text)
 
 
-def rename(text: str, mb: int, new: int) -> str:
-    """``text`` (an op's name or tag) with its micro-batch ``mb`` written as ``new``."""
-    if not text or mb == new:
+def moved(text: str, d: int) -> str:
+    """``text`` (an op's name or tag) with every micro-batch token moved by ``d``: the name of
+    the same op d micro-batches later."""
+    if not d or "mb" not in text:
         return text
-    tok = f"mb{mb}"
-    before, found, after = text.partition(tok)
-    if not found:
-        return text
-    if tok not in after:  # one occurrence (most names): the pattern's test by hand
-        if before[-1:] in _WORD or after[:1] in _DIGITS:
-            return text
-        return f"{before}mb{new}{after}"
-    return f"mb{new}".join(_split(text, mb))
+    return joined(*mb_tokens(text), d)
+
+
+def joined(pieces: tuple[str, ...], mbs: tuple[int, ...], d: int) -> str:
+    """The text ``mb_tokens`` split, its micro-batches moved by ``d``."""
+    if not mbs:
+        return pieces[0]
+    if len(mbs) == 1:  # most names
+        return f"{pieces[0]}mb{mbs[0] + d}{pieces[1]}"
+    out = [pieces[0]]
+    for mb, piece in zip(mbs, pieces[1:]):
+        out += (f"mb{mb + d}", piece)
+    return "".join(out)
 
 
 def counterparts(ops, d: int, microbatches: int | None = None, blocks=None) -> np.ndarray:
@@ -164,13 +176,12 @@ def counterparts(ops, d: int, microbatches: int | None = None, blocks=None) -> n
             if op.mb != mb or op.phase != phase:
                 phase, mb = op.phase, op.mb
                 head = f"{phase}/mb{mb}/"  # the builders' prefix (ProgramBuilder.emit)
-                moved, n, plain = f"{phase}/mb{mb + d}/", len(head), "mb" not in phase
+                later, n, plain = f"{phase}/mb{mb + d}/", len(head), "mb" not in phase
             name = op.name
             if plain and name.startswith(head):  # its mb token, then the rest's (if any)
-                rest = name[n:]
-                new = moved + rest if "mb" not in rest else moved + rename(rest, mb, mb + d)
+                new = later + moved(name[n:], d)
             else:
-                new = rename(name, mb, mb + d)
+                new = moved(name, d)
             wanted.setdefault(new, []).append(i)
     if wanted:
         get = wanted.get

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from twin.sim.fastforward import pieces
+from twin.sim.fastforward import joined, mb_tokens
 from twin.sim.stats import Timeline
 from twin.trace import Span
 from twin.vocab import COLLECTIVE_KINDS, P2P_KINDS
@@ -59,7 +59,7 @@ def rank_spans(rank: int, ops, line: Timeline, step: int, offset_s: float,
     start = ((offset_s + line.start_s) * 1e6).tolist()
     end = ((offset_s + line.end_s) * 1e6).tolist()
     shift = moved.tolist() if moved is not None else None
-    parts: dict[int, tuple] = {}  # op -> its name and tag split around its micro-batch
+    parts: dict[int, tuple] = {}  # op -> its name and tag split around their micro-batches
     fixed: dict[int, tuple] = {}  # op -> its span's fields as ``Span.of`` sets them
     for k, i in enumerate(line.idx.tolist()):
         f = fixed.get(i)
@@ -76,8 +76,7 @@ def rank_spans(rank: int, ops, line: Timeline, step: int, offset_s: float,
             continue
         split = parts.get(i)
         if split is None:
-            split = parts[i] = (pieces(f[0], f[5]), pieces(f[11], f[5]) if f[11] else None)
-        mb = f[5] + dmb
-        token = f"mb{mb}"
-        yield Span(rank, step, token.join(split[0]), f[1], f[2], start[k], end[k], f[3], f[4],
-                   mb, f[6], f[7], f[8], f[9], f[10], token.join(split[1]) if split[1] else f[11])
+            split = parts[i] = (mb_tokens(f[0]), mb_tokens(f[11]) if f[11] else None)
+        tag = joined(*split[1], dmb) if split[1] else f[11]
+        yield Span(rank, step, joined(*split[0], dmb), f[1], f[2], start[k], end[k], f[3], f[4],
+                   f[5] + dmb, f[6], f[7], f[8], f[9], f[10], tag)
