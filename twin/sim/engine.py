@@ -130,11 +130,16 @@ class Simulation(Calls):
         when the last of them ended (the host resumes issuing then)."""
         ops, end = self.programs[rank].ops, self.end[rank]
         waits = [ev for ev in (self._event_of(rank, ops[w], evs, w) for w in host.waits[s])
-                 if not ev.processed]  # processed: a collective's stream has recorded its end
+                 if not ev.processed]
         if waits:  # all_of even for one: it fires after the streams recorded their ends
             yield self.env.all_of(waits)
             self.events += 1
-        self._synced[rank][s] = max(float(end[w]) for w in host.waits[s])
+        # a call whose event was processed this instant ended now, though its stream may not
+        # have recorded it yet: the stream resumes after this process when this rank's
+        # compute waited for the call's event first (its end is then still unwritten, 0)
+        now = self.env.now
+        self._synced[rank][s] = max(float(end[w]) if end[w] or ops[w].is_compute else now
+                                    for w in host.waits[s])
 
     def _stream(self, rank: int, indices: list[int], evs: dict[int, simpy.Event],
                 walk: Walk, st_: Structure, inline: dict[int, tuple] | None = None):
