@@ -128,18 +128,21 @@ class Simulation(Calls):
     def _sync(self, rank: int, s: int, host: HostPlan, evs: dict[int, simpy.Event]):
         """Wait (a process step) for the ops the host waits for at sync point ``s``; record
         when the last of them ended (the host resumes issuing then)."""
-        ops, end = self.programs[rank].ops, self.end[rank]
+        ops = self.programs[rank].ops
         waits = [ev for ev in (self._event_of(rank, ops[w], evs, w) for w in host.waits[s])
                  if not ev.processed]
         if waits:  # all_of even for one: it fires after the streams recorded their ends
             yield self.env.all_of(waits)
             self.events += 1
-        # a call whose event was processed this instant ended now, though its stream may not
-        # have recorded it yet: the stream resumes after this process when this rank's
-        # compute waited for the call's event first (its end is then still unwritten, 0)
-        now = self.env.now
-        self._synced[rank][s] = max(float(end[w]) if end[w] or ops[w].is_compute else now
-                                    for w in host.waits[s])
+        self._synced[rank][s] = self._sync_time(rank, s, host)
+
+    def _sync_time(self, rank: int, s: int, host: HostPlan) -> float:
+        """When the last op the host waits for at sync point ``s`` ended, once all have. A
+        call whose event is processed at this instant ended now though its end may be
+        unwritten (0) yet: SimPy marks an event processed before it runs its callbacks, and
+        the call's stream resumes (and writes its end) after a waiter registered before it."""
+        ops, end, now = self.programs[rank].ops, self.end[rank], self.env.now
+        return max(float(end[w]) if end[w] or ops[w].is_compute else now for w in host.waits[s])
 
     def _stream(self, rank: int, indices: list[int], evs: dict[int, simpy.Event],
                 walk: Walk, st_: Structure, inline: dict[int, tuple] | None = None):

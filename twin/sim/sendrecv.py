@@ -51,8 +51,7 @@ class SendRecv:
                         env.all_of(waits).callbacks.append(self.issue)
                         self.sim.events += 1
                         return
-                    end = self.sim.end[self.rank]
-                    t_s = synced[s] = max(float(end[w]) for w in host.waits[s])
+                    t_s = synced[s] = self.sim._sync_time(self.rank, s, host)
                 ready = max(ready, t_s + (host.issue_s[i] - host.issue_s[s]))
             if ready > env.now:
                 env.timeout(ready - env.now).callbacks.append(self.arrive)
