@@ -14,7 +14,8 @@ were simulated, folded and fast-forwarded, the errors (an exception other than a
 plan cannot run) and every mismatch; exits 1 if there is any. Found so far: HSDP folded as
 one rotation of dp, async TP's ring under a fold, MoE templates under async TP and with
 etp = tp and dp inside tp, HSDP with a shard group of one (its replica all-reduce had no
-dependency).
+dependency), a host sync reading a collective's end before its stream wrote it (seeds 1 and
+2: the unfolded run resumed the host early; e7733eb).
 """
 
 from __future__ import annotations
