@@ -182,3 +182,15 @@ def test_a_cut_is_only_made_where_every_op_repeats_a_period_later():
     end[i] += 1e-6
     found = find_cut(sim, 1)
     assert found is None or not (found[0] - found[1] <= start[i] < found[0])
+
+
+def test_a_reduced_run_too_short_to_hold_a_period_is_not_tried():
+    # four micro-batches without a pipeline: the reduced run would have two, and the window
+    # (1.1 periods) with its copies a period later needs three; the step is simulated once
+    job = _job(dict(tp=2, global_batch_size=32))
+    assert job.parallel.pp == 1 and job.parallel.num_microbatches == 4
+    assert reduced_microbatches(job, 2) >= 3
+    fast = simulate(job, options=SimOptions(fold="auto"), trace="none").summary
+    whole = simulate(job, options=SimOptions(fold="auto", fast_forward=False), trace="none").summary
+    assert fast["fast_forward"] is None and fast["events"] == whole["events"]
+    assert fast["step_time_s"] == whole["step_time_s"]

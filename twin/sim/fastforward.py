@@ -72,8 +72,8 @@ def reduced_microbatches(job: Job, periods: int) -> int:
     m - m' a multiple of ``MULTIPLES`` periods (so that any period found fits whole)."""
     p = job.parallel
     d = period_microbatches(job) or 1
-    if p.pp == 1:
-        m_r = periods
+    if p.pp == 1:  # the window (1.1 periods) and its copies a period later reach into three
+        m_r = max(periods, 3)  # micro-batches: two never hold a period
     elif p.pp_schedule == "interleaved":
         v = p.pp_virtual_stages
         warm = 2 * (p.pp - 1) + (v - 1) * p.pp  # virtual micro-batches (pipeline.interleaved)
