@@ -7,10 +7,11 @@ folded), on Llama 3 8B over 4 DGX H100 nodes, micro-batch 1.
 Prints per row: micro-batches per pipeline (m), the period (d micro-batches), the
 micro-batches the fast-forwarded run simulated (or "-" where it was simulated whole), both
 wall times and the relative difference of the two step times (exact: float rounding only).
-Asserts nothing; the wall times are one run's (this host's noise is +-20%). Rows cover every
-preset that accumulates micro-batches or pipelines them, with FSDP, HSDP, CP, ZeRO,
-recompute and async TP: FSDP under a pipeline was never fast-forwarded before 57c2460 (the
-gathered units it keeps from a forward to a later backward are named by two micro-batches).
+Asserts nothing; the wall times are one run's (this host's noise is +-20%). Rows: the
+presets that pipeline micro-batches (1F1B, interleaved, 3D) or accumulate them (DDP, FSDP,
+TP + SP), and pipelines with ZeRO-1/2, FSDP, HSDP, CP, recompute and async TP. FSDP under a
+pipeline was never fast-forwarded before 57c2460 (the gathered units it keeps from a forward
+to a later backward are named by two micro-batches).
 """
 
 from __future__ import annotations
