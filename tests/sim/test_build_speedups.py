@@ -15,8 +15,9 @@ from tests.sim.test_fast_paths import interleaved_job
 from twin.schedule import stamp
 from twin.schedule.builder import build_schedule
 from twin.schedule.ir import Op
+from twin.schedule.names import joined, mb_tokens
 from twin.sim.engine import SimOptions
-from twin.sim.fastforward import counterparts, joined, mb_tokens
+from twin.sim.fastforward import counterparts
 from twin.sim.run import simulate
 from twin.sim.spans import rank_spans
 from twin.spec import GPUSpec, ParallelPlan, build_job
@@ -52,6 +53,18 @@ PLANS = {  # name: (plan, model overrides, GPUs)
                       dict(activation="swiglu", position_embedding="rope"), 8),
     "full early stop tp2 pp2": (dict(tp=2, pp=2, recompute="full", recompute_early_stop=True,
                                      global_batch_size=8), {}, 8),
+    # whole actions stamped (twin/schedule/actions.py): stages of layers only, many micro-batches
+    "1f1b pp4 ddp selective": (dict(pp=4, recompute="selective", global_batch_size=32),
+                               dict(num_layers=8), 8),
+    "interleaved pp4 zero2 full": (dict(pp=4, pp_schedule="interleaved", pp_virtual_stages=2,
+                                        zero_stage=2, recompute="full", global_batch_size=32),
+                                   dict(num_layers=16), 8),
+    "1f1b pp4 op sac tp2 sp": (dict(tp=2, sp=True, pp=4, recompute="op", global_batch_size=16),
+                               dict(num_layers=8, activation="swiglu"), 8),
+    "interleaved pp4 async tp fp8": (
+        dict(tp=2, sp=True, async_tp=True, compile=True, float8="tensorwise", pp=4,
+             pp_schedule="interleaved", pp_virtual_stages=2, global_batch_size=16),
+        dict(num_layers=16, activation="swiglu"), 8),
 }
 
 
@@ -92,7 +105,9 @@ def test_stamped_programs_are_the_generic_programs(name, stamps):
 
 @pytest.mark.parametrize("name", ["tp4 pp2 1f1b full", "interleaved selective gqa rope",
                                   "interleaved full sp", "moe ep2", "zb_v full", "fp8 tp2",
-                                  "async tp"])
+                                  "async tp", "1f1b pp4 ddp selective",
+                                  "interleaved pp4 zero2 full", "1f1b pp4 op sac tp2 sp",
+                                  "interleaved pp4 async tp fp8"])
 def test_stamped_programs_simulate_to_the_same_step(name, stamps):
     job = _job(name)
     times = {}
@@ -147,6 +162,63 @@ def test_a_body_that_differs_from_its_stamp_stays_generic():
         stamper("t", ctx, (x,), None, lambda ctx=ctx: body(ctx, x))
     assert [op.shape for op in b.ops[2::2]] == [(8,), (16,), (8,), (16,)]
     assert all(t is None for t in stamper.templates.values())
+
+
+def _stamped_actions(monkeypatch) -> list[int]:
+    """Counts the actions stamped whole (twin/schedule/actions.py) from now on."""
+    from twin.schedule import actions
+
+    stamped, stamp_action = [], actions.ActionStamper._stamp
+
+    def counted(self, t, mb, x):
+        stamped.append(mb)
+        return stamp_action(self, t, mb, x)
+
+    monkeypatch.setattr(actions.ActionStamper, "_stamp", counted)
+    return stamped
+
+
+def test_whole_actions_are_stamped(monkeypatch):
+    """On a 1F1B pipeline of four stages with 16 micro-batches, the middle stages' forwards
+    and backwards are stamped whole from their kind's third action on; the first and last
+    stages' (embedding, head) and a syncing micro-batch's (DDP's last) are not."""
+    from twin.schedule.step import StepBuilder
+
+    job = _job("1f1b pp4 ddp selective")
+    stamped = _stamped_actions(monkeypatch)
+    for stage, expect in ((0, False), (1, True), (2, True), (3, False)):
+        stamped.clear()
+        builder = StepBuilder(job, job.grid.group(0, "pp")[stage])
+        builder.build()
+        assert bool(stamped) == expect, stage
+        assert 15 not in stamped  # DDP's buckets go out in the last micro-batch
+        if expect:
+            assert len(stamped) >= 2 * 16 - 12  # all but each kind's first few
+            assert all(t is not None for t in builder.actions.checked.values())
+
+
+def test_an_action_that_differs_from_its_stamp_stays_generic(monkeypatch, stamps):
+    """An action whose ops depend on the micro-batch beyond their labels (here the bytes of
+    every activation alloc and free, which no pass does) fails every check of its kind and
+    is built by the generic code: the programs are the generic code's."""
+    from twin.schedule.emit import ProgramBuilder
+
+    def uneven(plain):
+        def emit(self, ctx, buffer, category, nbytes, deps=()):
+            return plain(self, ctx, buffer, category, nbytes * (1 + ctx.mb % 2), deps)
+        return emit
+
+    for verb in ("alloc", "free"):
+        monkeypatch.setattr(ProgramBuilder, verb, uneven(getattr(ProgramBuilder, verb)))
+    stamped = _stamped_actions(monkeypatch)
+    job = _job("1f1b pp4 ddp selective")
+    built = {}
+    for on in (True, False):
+        stamps(on)
+        built[on] = build_schedule(job).programs()
+    assert not stamped
+    for rank, prog in built[False].items():
+        assert [_fields(op) for op in built[True][rank].ops] == [_fields(op) for op in prog.ops]
 
 
 # -- the fast paths of the fast-forward and the trace, against their plain versions --------

@@ -12,8 +12,9 @@ import pytest
 from tests.conftest import gpt
 from twin.metrics import summarize
 from twin.schedule.builder import build_schedule
+from twin.schedule.names import moved
 from twin.sim.engine import SimOptions, Simulation, fold_classes
-from twin.sim.fastforward import find_cut, moved, reduced_job, reduced_microbatches
+from twin.sim.fastforward import find_cut, reduced_job, reduced_microbatches
 from twin.sim.records import auto_fold, exact_axes
 from twin.sim.run import simulate
 from twin.spec import ClusterSpec, GPUSpec, InterNodeSpec, ParallelPlan, build_job

@@ -14,7 +14,8 @@ from tests.conftest import cluster, gpt
 from twin.schedule.builder import build_schedule
 from twin.schedule.emit import make_op
 from twin.schedule.ir import Op
-from twin.sim.fastforward import counterparts, moved
+from twin.schedule.names import moved
+from twin.sim.fastforward import counterparts
 from twin.spec import ParallelPlan, build_job
 
 

@@ -106,6 +106,10 @@ class GradSync(Pass):
     def grads_reduced(self) -> list[Idx]:
         return self.finish()
 
+    def action_key(self, mb: int) -> tuple | None:
+        """Quiet in a micro-batch that does not sync (its buckets' state: None where it does)."""
+        return None if self.every_mb or mb == self.last_mb else ()
+
     def after_optimizer(self, ctx: Ctx, step: Idx) -> None:
         if self.kind == "reduce_scatter":
             self.gather_params(ctx.at(paradigm=self.paradigm), step)

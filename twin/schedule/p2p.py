@@ -62,6 +62,10 @@ class Pipeline(Pass):
         self.b.send(ctx.at(paradigm="pp"), "send", self.group[self.placement[dst]],
                     f"{what}.c{chunk}.mb{ctx.mb}", self.p2p_bytes, [out])
 
+    def action_key(self, mb: int) -> tuple:
+        """No hooks inside an action: its p2p lies around it."""
+        return ()
+
     def finalize_grads(self, ctx: Ctx, waits: list[Idx]) -> list[Idx]:
         """Tied embeddings over PP: the first and last stage all-reduce the embedding's grad."""
         if self.tied_pair is None:

@@ -70,3 +70,9 @@ class Pass:
 
     def after_optimizer(self, ctx: Ctx, step: Idx) -> None:
         """Step end, after the optimizer step."""
+
+    def action_key(self, mb: int) -> tuple | None:
+        """What, besides the micro-batch's labels, this pass's ops in an action of micro-batch
+        ``mb`` depend on, for stamping whole actions (twin/schedule/actions.py); None (the
+        default): it cannot say (it keeps state across actions), and actions stay generic."""
+        return None

@@ -110,6 +110,10 @@ class Recompute(Pass):
         elif self.policy == "selective":
             unit.recompute_attention = self.tp.attention_recompute(rctx, [unit.x, unit.deps])
 
+    def action_key(self, mb: int) -> tuple:
+        """Its ops depend on the micro-batch by their labels alone."""
+        return ()
+
     def _redo(self, rctx, deps) -> Idx:
         """The layer's recomputation under ``rctx`` from ``deps``."""
         if self.policy == "full":

@@ -59,26 +59,43 @@ def _compile(rec: list[tuple], n_slots: int):
     lines = ["def emit(ops, names, base, prefix, phase, layer, mb, chunk, slots):",
              "    append = ops.append"]
     lines += [f"    s{k} = slots[{k}]" for k in range(n_slots)]
-    consts = []
     for j, (local, kind, stream, slot, offs, paradigm, rest) in enumerate(rec):
-        consts.append(rest)
-        sets = [f"o.{f} = r[{k}]" if not (k == _TAG and isinstance(rest[k], _Local))
-                else f"o.tag = prefix + {str(rest[k])!r}" for k, f in enumerate(_REST)]
-        lines += [f"    o = _Slots(); r = K[{j}]",
-                  f"    o.name = n = prefix + {local!r}",
-                  f"    o.kind = {kind!r}; o.stream = {stream!r}; o.deps = {_deps_code(slot, offs)}",
-                  f"    o.phase = phase; o.paradigm = {paradigm!r}",
-                  "    o.layer = layer; o.mb = mb; o.chunk = chunk",
-                  "    " + "; ".join(sets),
-                  "    o.__class__ = Op; append(o)",
-                  f"    names[n] = base + {j}"]
+        tag = rest[_TAG]
+        lines += op_source(j, f"prefix + {local!r}", kind, stream, _deps_code(slot, offs),
+                           paradigm, ("phase", "layer", "mb", "chunk"),
+                           f"prefix + {str(tag)!r}" if isinstance(tag, _Local) else None)
+    return compiled(lines, [r[-1] for r in rec])
+
+
+def op_source(j: int, name: str, kind: str, stream: str, deps: str, paradigm: str,
+              labels: tuple[str, str, str, str], tag: str | None) -> list[str]:
+    """Source lines of a template's function that append its op ``j``: ``name``, ``deps``,
+    the ``labels`` (phase, layer, mb, chunk) and ``tag`` (None: as recorded) are
+    expressions; the other fields are the recorded ones (``K[j]``, as ``_REST`` names them).
+    The function has ``ops``, ``names`` and ``base`` and has bound ``append``."""
+    phase, layer, mb, chunk = labels
+    sets = [f"o.{f} = r[{k}]" if k != _TAG or tag is None else f"o.tag = {tag}"
+            for k, f in enumerate(_REST)]
+    return [f"    o = _Slots(); r = K[{j}]",
+            f"    o.name = n = {name}",
+            f"    o.kind = {kind!r}; o.stream = {stream!r}; o.deps = {deps}",
+            f"    o.phase = {phase}; o.paradigm = {paradigm!r}",
+            f"    o.layer = {layer}; o.mb = {mb}; o.chunk = {chunk}",
+            "    " + "; ".join(sets),
+            "    o.__class__ = Op; append(o)",
+            f"    names[n] = base + {j}"]
+
+
+def compiled(lines: list[str], consts: list[tuple], **more):
+    """The function ``lines`` define (named ``emit``), its ops' recorded fields ``consts``
+    (``K``) and ``more`` constants bound: compiled once per source."""
     source = "\n".join(lines) + "\n"
     code = _CODE.get(source)  # every stage's bodies read alike: their constants differ
     if code is None:
         if len(_CODE) >= 256:
             _CODE.clear()
         code = _CODE[source] = compile(source, "<stamp>", "exec")
-    env = {"_Slots": _SLOTS, "Op": Op, "K": tuple(consts)}
+    env = {"_Slots": _SLOTS, "Op": Op, "K": tuple(consts), **more}
     exec(code, env)  # noqa: S102
     return env["emit"]
 
@@ -183,6 +200,9 @@ class Stamper:
         self.templates: dict[tuple, Template | None] = {}
         self.checked: dict[tuple, Template] = {}
         """The kinds whose second body matched its stamp: stamped from then on."""
+        self.learned = 0
+        """Bodies recorded or checked so far: while it grows, bodies of one kind may be
+        built differently (generic, then stamped): whole actions wait (actions.py)."""
 
     def __call__(self, key: tuple, ctx: Ctx, inputs: tuple, grads: dict | None,
                  body: Callable[[], Idx]) -> Idx:
@@ -199,6 +219,7 @@ class Stamper:
             return body()
         b = self.b
         start, last = len(b.ops), b.last_compute
+        self.learned += 1
         out = body()
         if t is False:
             self.templates[key] = record(b, start, ctx, slots, out, last, grads)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from twin.schedule.actions import ActionStamper
 from twin.schedule.context import apply_cp
 from twin.schedule.data import apply_dp
 from twin.schedule.emit import Ctx, Idx, ProgramBuilder
@@ -81,6 +82,10 @@ class StepBuilder:
         self._before = [p.before for p in reversed(self.passes) if type(p).before is not Pass.before]
         self._after = [p.after for p in self.passes if type(p).after is not Pass.after]
         self._ctxs: dict[tuple[str, int, int], Ctx] = {}
+        self.actions = ActionStamper(b, self.passes, self.tp.stamper)
+        """Whole actions of the chunks whose units are all layers, recorded and stamped."""
+        self.layer_chunks = {c for c, layers in enumerate(layout.chunk_layers)
+                             if layers and c != 0 and not layout.is_last_chunk(c)}
 
     # -- setup -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -130,7 +135,14 @@ class StepBuilder:
         return self.pp.receive(self.ctx_of(action), action.chunk)
 
     def compute(self, action: Action, x: Idx) -> Idx:
-        """``action``'s units on input ``x``; returns its output."""
+        """``action``'s units on input ``x``; returns its output. A whole forward or backward
+        of a chunk of layers is stamped where its kind allows (twin/schedule/actions.py)."""
+        if action.phase in ("F", "B") and action.chunk in self.layer_chunks:
+            return self.actions(action.phase, action.mb, action.chunk, x,
+                                lambda: self._compute(action, x))
+        return self._compute(action, x)
+
+    def _compute(self, action: Action, x: Idx) -> Idx:
         ctx = self.ctx_of(action)
         held = []
         for unit in self.units(ctx, action.chunk):

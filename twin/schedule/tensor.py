@@ -79,13 +79,16 @@ class TensorParallel(Pass):
         self.ce: dict[int, Idx] = {}
         """Micro-batch -> its cross-entropy's last all-reduce, which the loss's backward reads."""
 
-    def _stamps(self, ctx: Ctx) -> bool:
-        """Whether the layer's body may be stamped: a dense layer without context
-        parallelism or a split backward (those keep the generic code)."""
+    def _stamps(self, ctx: Ctx | None) -> bool:
+        """Whether the layer's body (None: every body of a dense model) may be stamped: a
+        dense layer without CP or a split backward (its ops depend on the mb by labels alone)."""
         return stamp.ENABLED and self.cp is None and self.deferred is None \
-            and (self.moe is None or not self.moe.is_moe(ctx.layer))
+            and (self.moe is None or ctx is not None and not self.moe.is_moe(ctx.layer))
 
     # -- as a pass -------------------------------------------------------------------
+    def action_key(self, mb: int) -> tuple | None:
+        return () if self._stamps(None) else None
+
     def run(self, unit: Unit) -> Idx:
         """The unit's body; its input is ``unit.x`` and ``unit.deps``."""
         ctx, deps = unit.ctx, [unit.x, unit.deps]
@@ -153,11 +156,8 @@ class TensorParallel(Pass):
                                  dtype=self.b.linear_dtype if fp8 else None)
 
     def _f_bwd(self, ctx: Ctx, local: str, x: Idx) -> Idx:
-        """Backward of f: all-reduce (TP) or reduce-scatter (SP) of the input gradient."""
-        kind = "reduce_scatter" if self.sp else "all_reduce"
-        y = self.b.collective(ctx.at(paradigm=self.paradigm), local, kind, self.group, "tp",
-                              self.act_bytes, [x], stream="comm.tp")
-        return x if y is None else y
+        """Backward of f: all-reduce (TP) or reduce-scatter (SP) of the input gradient, as g."""
+        return self._g(ctx, local, x)
 
     def _g_bwd(self, ctx: Ctx, local: str, x: Idx) -> Idx:
         """Backward of g: all-gather under SP (identity under plain TP)."""

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from twin.sim.fastforward import joined, mb_tokens
+from twin.schedule.names import joined, mb_tokens
 from twin.sim.stats import Timeline
 from twin.trace import Span
 from twin.vocab import COLLECTIVE_KINDS, P2P_KINDS

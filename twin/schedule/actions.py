@@ -1,0 +1,238 @@
+"""Record and stamp whole actions: a pipeline action's compute (one chunk's forward or
+backward on one micro-batch, its units with every pass's hooks) built once per kind, then
+copied for the later micro-batches of that kind.
+
+Layer bodies are stamped already (stamp.py); what the passes emit around them (kept
+activations' allocs and frees, the recomputed forward) and the builder's own walk (units,
+contexts, hooks) cost as much again on a long pipeline. An action is offered when its
+units are all layers (the embedding and head keep per-micro-batch state: the
+cross-entropy's all-reduce that the loss's backward reads) and its phase is a whole
+forward or backward (a split backward's I holds its weight gradients back for W).
+
+Its kind: phase, chunk, whether it has an input, the last compute op before it on the rank
+(its first ops wait for the host there), named with its micro-batches relative to the
+action's, and each pass's
+``action_key`` for its micro-batch (what besides the micro-batch's labels the pass's ops
+depend on; None: it keeps state across actions, and the action keeps the generic code).
+
+Record: each op's name and tag with their micro-batch tokens (twin/schedule/names.py) as
+offsets from the action's micro-batch, its other fields as constants, its dependencies as
+offsets inside the action or, outside it, the action's input, the last compute op before
+it, or an op found by its name (tokens moved); the layer bodies stamped inside
+(Program.blocks) and where it leaves the last compute op. The next action of the kind is
+built by the generic code too and compared with its stamp; from then on the kind is
+stamped. An action during whose build a layer body was recorded or checked
+(stamp.Stamper.learned) is neither recorded nor checked: its bodies' kinds are settling
+(the next one may stamp a body it built). A kind whose stamp differs is recorded again
+from that action, up to ``TRIES`` times, then stays generic; so does one whose named
+dependency a later action cannot find. The check compares two actions of a kind: a pass
+whose ops change with the micro-batch in a way two of them may not show (DDP's buckets,
+only in the last) says so by its ``action_key``. The programs are the generic code's, op
+for op (tests/sim/test_build_speedups.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twin.schedule import stamp
+from twin.schedule.emit import Idx, ProgramBuilder
+from twin.schedule.ir import Op
+from twin.schedule.names import mb_tokens
+from twin.schedule.stamp import _REST, compiled, op_source
+
+TRIES = 3
+"""Records of one kind before it stays generic."""
+_TEXT = ("kind", "stream", "phase", "paradigm", "dtype", "group_name", "category")
+"""An op's other text fields: a micro-batch token there keeps the action generic."""
+_X, _LAST = -1, -2  # an external dependency: the action's input; the last compute op before it
+
+
+class ActionTemplate:
+    """One recorded action: ``emit(ops, names, lookup, base, mb, x, last)`` appends its ops
+    (KeyError before any: an op it depends on by name is missing); ``size`` ops, and as
+    offsets from its first op its output (or _X, _LAST: the input, the last compute op
+    before it), its last compute op (None: none inside) and its stamped bodies."""
+
+    __slots__ = ("emit", "size", "out", "last_compute", "blocks")
+
+    def __init__(self, emit, size, out, last_compute, blocks):
+        self.emit, self.size, self.out = emit, size, out
+        self.last_compute, self.blocks = last_compute, blocks
+
+
+class _Source:
+    """The generated function: the micro-batches' strings and the named dependencies bound
+    first (a missing name raises before any op is appended), then the ops."""
+
+    def __init__(self, mb: int):
+        self.mb = mb
+        self.offsets: dict[int, str] = {}  # micro-batch offset -> the variable of its string
+        self.named: dict[tuple, str] = {}  # (pieces, offsets) of a dependency's name -> variable
+        self.lookups: list[str] = []
+        self.ops: list[str] = []
+
+    def _expr(self, pieces: tuple[str, ...], mbs: tuple[int, ...], piece) -> str:
+        out = []
+        for k, p in enumerate(pieces):
+            if p:
+                out.append(piece(k, p))
+            if k < len(mbs):
+                off = mbs[k] - self.mb
+                out.append(self.offsets.setdefault(off, f"m{len(self.offsets)}"))
+        return " + ".join(out) or "''"
+
+    def text(self, value: str, consts: list) -> str:
+        """The expression of an op's name or tag; its pieces appended to the op's recorded
+        fields ``consts`` (``r``)."""
+        def piece(_k, p):
+            consts.append(p)
+            return f"r[{len(consts) - 1}]"
+        return self._expr(*mb_tokens(value), piece)
+
+    def dep(self, name: str) -> str:
+        """The variable of the op named ``name`` (its tokens moved with the micro-batch)."""
+        pieces, mbs = mb_tokens(name)
+        key = (pieces, tuple(m - self.mb for m in mbs))
+        v = self.named.get(key)
+        if v is None:
+            n = len(self.named)
+            v = self.named[key] = f"e{n}"
+            self.lookups.append(f"    {v} = lookup[{self._expr(pieces, mbs, lambda k, _p: f'N[{n}][{k}]')}]")
+        return v
+
+    def function(self) -> list[str]:
+        return ["def emit(ops, names, lookup, base, mb, x, last):",
+                *(f"    {v} = 'mb' + str(mb + {off})" for off, v in self.offsets.items()),
+                *self.lookups, "    append = ops.append", *self.ops]
+
+
+def record(b: ProgramBuilder, start: int, n_blocks: int, mb: int, x: Idx, last: Idx,
+           out: Idx) -> ActionTemplate | None:
+    """The template of the ops ``b`` emitted from ``start`` on (and of its bodies from
+    ``n_blocks`` on) for an action of micro-batch ``mb`` with input ``x``, ``last`` the last
+    compute op before it, ``out`` its output; None: it cannot be stamped."""
+    src, consts, ops = _Source(mb), [], b.ops
+    for j, op in enumerate(ops[start:]):
+        if type(op) is not Op or op.mb != mb or any(mb_tokens(getattr(op, f))[1] for f in _TEXT):
+            return None
+        rest = [getattr(op, f) for f in _REST]
+        k = len(rest)
+        rest += (op.phase, op.layer, op.chunk)
+        name = src.text(op.name, rest)
+        tag = src.text(op.tag, rest) if mb_tokens(op.tag)[1] else None
+        ext = [("x" if d == x else "last" if d == last else src.dep(ops[d].name))
+               for d in op.deps if d < start]
+        inner = "".join(f"base + {d - start}, " for d in op.deps[len(ext):])
+        if len(ext) <= 1:
+            deps = f"({''.join(f'{e}, ' for e in ext)}{inner})"
+        else:  # two outside may be one op here (the input made last), or come in either order
+            deps = f"tuple(sorted({{{', '.join(ext)}}})) + ({inner})"
+        src.ops += op_source(j, name, op.kind, op.stream, deps, op.paradigm,
+                             (f"r[{k}]", f"r[{k + 1}]", "mb", f"r[{k + 2}]"), tag)
+        consts.append(tuple(rest))
+    blocks = []
+    for t, phase, layer, chunk, bmb, base in b.blocks[n_blocks:]:
+        if bmb != mb or base < start:
+            return None
+        blocks.append((t, phase, layer, chunk, base - start))
+    lc = b.last_compute
+    if out is not None and out < start and out not in (x, last) \
+            or lc != last and (lc is None or lc < start):
+        return None
+    emit = compiled(src.function(), consts, N=tuple(p for p, _ in src.named))
+    return ActionTemplate(emit, len(ops) - start,
+                          None if out is None else out - start if out >= start else
+                          _X if out == x else _LAST,
+                          None if lc == last else lc - start, tuple(blocks))
+
+
+def _out(t: ActionTemplate, base: int, x: Idx, last: Idx) -> Idx:
+    o = t.out
+    return None if o is None else x if o == _X else last if o == _LAST else base + o
+
+
+class ActionStamper:
+    """A rank's action templates by kind (see the module docstring)."""
+
+    def __init__(self, b: ProgramBuilder, passes: list, bodies: stamp.Stamper):
+        self.b, self.passes, self.bodies = b, passes, bodies
+        self.templates: dict[tuple, ActionTemplate | None] = {}
+        self.checked: dict[tuple, ActionTemplate] = {}
+        """The kinds whose second action matched its stamp: stamped from then on."""
+        self.tries: dict[tuple, int] = {}
+
+    def _key(self, phase: str, mb: int, chunk: int, x: Idx) -> tuple | None:
+        keys = tuple(p.action_key(mb) for p in self.passes)
+        if None in keys:
+            return None
+        last = self.b.last_compute
+        if last is not None:  # where the host stands: that op's name, micro-batches relative
+            pieces, mbs = mb_tokens(self.b.ops[last].name)
+            last = (pieces, tuple(m - mb for m in mbs))
+        return (phase, chunk, x is None, last, keys)
+
+    def __call__(self, phase: str, mb: int, chunk: int, x: Idx, body: Callable[[], Idx]) -> Idx:
+        """The output of the action ``body()`` would emit (phase F or B of ``chunk`` on
+        micro-batch ``mb``, input ``x``), stamped where its kind allows."""
+        key = self._key(phase, mb, chunk, x) if stamp.ENABLED else None
+        if key is None:
+            return body()
+        t = self.checked.get(key)
+        if t is not None:
+            out = self._stamp(t, mb, x)
+            if out is not _MISSING:
+                return out
+            del self.checked[key]
+            self.templates[key] = None
+            return body()
+        t = self.templates.get(key, False)
+        if t is None:
+            return body()
+        b = self.b
+        start, n_blocks, last = len(b.ops), len(b.blocks), b.last_compute
+        learned = self.bodies.learned
+        out = body()
+        if self.bodies.learned != learned:  # its bodies' kinds still settling: wait
+            return out
+        if t is not False and _same(b, t, start, n_blocks, mb, x, last, out):
+            self.checked[key] = t
+            return out
+        tries = self.tries[key] = self.tries.get(key, 0) + 1
+        self.templates[key] = record(b, start, n_blocks, mb, x, last, out) \
+            if tries <= TRIES else None
+        return out
+
+    def _stamp(self, t: ActionTemplate, mb: int, x: Idx):
+        b = self.b
+        ops, names, last = b.ops, b._names, b.last_compute
+        base, before = len(ops), len(names)
+        try:
+            t.emit(ops, names, names, base, mb, x, last)
+        except KeyError:  # raised before any op is appended
+            return _MISSING
+        if len(names) != before + t.size:  # a name the program had already
+            raise AssertionError(f"duplicate op name in action of micro-batch {mb} on rank "
+                                 f"{b.rank}")
+        for blk, phase, layer, chunk, off in t.blocks:
+            b.blocks.append((blk, phase, layer, chunk, mb, base + off))
+        if t.last_compute is not None:
+            b.last_compute = base + t.last_compute
+        return _out(t, base, x, last)
+
+
+_MISSING = object()
+
+
+def _same(b: ProgramBuilder, t: ActionTemplate, start: int, n_blocks: int, mb: int, x: Idx,
+          last: Idx, out: Idx) -> bool:
+    """Whether ``t`` stamped at ``start`` gives what the generic code just emitted there."""
+    ops: list[Op] = []
+    try:
+        t.emit(ops, {}, b._names, start, mb, x, last)
+    except KeyError:
+        return False
+    lc = last if t.last_compute is None else start + t.last_compute
+    return ops == b.ops[start:] and lc == b.last_compute and _out(t, start, x, last) == out \
+        and [(blk, ph, la, ch, mb, start + off) for blk, ph, la, ch, off in t.blocks] \
+        == b.blocks[n_blocks:]
