@@ -170,9 +170,9 @@ def _stamped_actions(monkeypatch) -> list[int]:
 
     stamped, stamp_action = [], actions.ActionStamper._stamp
 
-    def counted(self, t, mb, x):
+    def counted(self, t, phase, mb, chunk, x):
         stamped.append(mb)
-        return stamp_action(self, t, mb, x)
+        return stamp_action(self, t, phase, mb, chunk, x)
 
     monkeypatch.setattr(actions.ActionStamper, "_stamp", counted)
     return stamped
@@ -244,7 +244,8 @@ def _counterparts_by_pattern(ops, d: int) -> np.ndarray:
                      for op in ops])
 
 
-@pytest.mark.parametrize("name", ["interleaved full sp", "tp4 pp2 1f1b full", "zb_v full"])
+@pytest.mark.parametrize("name", ["interleaved full sp", "tp4 pp2 1f1b full", "zb_v full",
+                                  "1f1b pp4 ddp selective", "interleaved pp4 async tp fp8"])
 def test_counterparts_of_stamped_programs(name):
     job = _job(name)
     for prog in build_schedule(job).programs().values():
@@ -253,7 +254,7 @@ def test_counterparts_of_stamped_programs(name):
             assert np.array_equal(counterparts(prog.ops, d), want)
             # the micro-batches bound skips the last d micro-batches' lookups, nothing else
             assert np.array_equal(counterparts(prog.ops, d, job.parallel.num_microbatches), want)
-            # stamped bodies map to their copies op for op, as their names do
+            # stamped bodies and actions map to their copies op for op, as their names do
             m = job.parallel.num_microbatches
             assert np.array_equal(counterparts(prog.ops, d, m, prog.blocks), want)
             assert np.array_equal(counterparts(prog.ops, d, None, prog.blocks), want)

@@ -18,12 +18,10 @@ depend on; None: it keeps state across actions, and the action keeps the generic
 Record: each op's name and tag with their micro-batch tokens (twin/schedule/names.py) as
 offsets from the action's micro-batch, its other fields as constants, its dependencies as
 offsets inside the action or, outside it, the action's input, the last compute op before
-it, or an op found by its name (tokens moved); the layer bodies stamped inside
-(Program.blocks) and where it leaves the last compute op. The next action of the kind is
-built by the generic code too and compared with its stamp; from then on the kind is
-stamped. An action during whose build a layer body was recorded or checked
-(stamp.Stamper.learned) is neither recorded nor checked: its bodies' kinds are settling
-(the next one may stamp a body it built). A kind whose stamp differs is recorded again
+it, or an op found by its name (tokens moved); and where it leaves the last compute op.
+The next action of the kind is built by the generic code too and compared with its stamp;
+from then on the kind is stamped, each copy listed in Program.blocks (one entry for the
+action: the simulator's per-op passes tile it). A kind whose stamp differs is recorded again
 from that action, up to ``TRIES`` times, then stays generic; so does one whose named
 dependency a later action cannot find. The check compares two actions of a kind: a pass
 whose ops change with the micro-batch in a way two of them may not show (DDP's buckets,
@@ -52,13 +50,16 @@ class ActionTemplate:
     """One recorded action: ``emit(ops, names, lookup, base, mb, x, last)`` appends its ops
     (KeyError before any: an op it depends on by name is missing); ``size`` ops, and as
     offsets from its first op its output (or _X, _LAST: the input, the last compute op
-    before it), its last compute op (None: none inside) and its stamped bodies."""
+    before it) and its last compute op (None: none inside). ``names``: its ops' names with
+    their micro-batches relative to the action's, which ActionStamper turns into their
+    number on the rank (actions whose names number alike name their ops alike, op for op:
+    twin.sim.fastforward.counterparts maps one onto the other)."""
 
-    __slots__ = ("emit", "size", "out", "last_compute", "blocks")
+    __slots__ = ("emit", "size", "out", "last_compute", "names")
 
-    def __init__(self, emit, size, out, last_compute, blocks):
-        self.emit, self.size, self.out = emit, size, out
-        self.last_compute, self.blocks = last_compute, blocks
+    def __init__(self, emit, size, out, last_compute, names):
+        self.emit, self.size, self.out, self.last_compute = emit, size, out, last_compute
+        self.names = names
 
 
 class _Source:
@@ -107,12 +108,12 @@ class _Source:
                 *self.lookups, "    append = ops.append", *self.ops]
 
 
-def record(b: ProgramBuilder, start: int, n_blocks: int, mb: int, x: Idx, last: Idx,
+def record(b: ProgramBuilder, start: int, mb: int, x: Idx, last: Idx,
            out: Idx) -> ActionTemplate | None:
-    """The template of the ops ``b`` emitted from ``start`` on (and of its bodies from
-    ``n_blocks`` on) for an action of micro-batch ``mb`` with input ``x``, ``last`` the last
-    compute op before it, ``out`` its output; None: it cannot be stamped."""
-    src, consts, ops = _Source(mb), [], b.ops
+    """The template of the ops ``b`` emitted from ``start`` on for an action of micro-batch
+    ``mb`` with input ``x``, ``last`` the last compute op before it, ``out`` its output;
+    None: it cannot be stamped."""
+    src, consts, ops, names = _Source(mb), [], b.ops, []
     for j, op in enumerate(ops[start:]):
         if type(op) is not Op or op.mb != mb or any(mb_tokens(getattr(op, f))[1] for f in _TEXT):
             return None
@@ -120,6 +121,8 @@ def record(b: ProgramBuilder, start: int, n_blocks: int, mb: int, x: Idx, last: 
         k = len(rest)
         rest += (op.phase, op.layer, op.chunk)
         name = src.text(op.name, rest)
+        pieces, mbs = mb_tokens(op.name)
+        names.append((pieces, tuple(m - mb for m in mbs)))
         tag = src.text(op.tag, rest) if mb_tokens(op.tag)[1] else None
         ext = [("x" if d == x else "last" if d == last else src.dep(ops[d].name))
                for d in op.deps if d < start]
@@ -131,11 +134,6 @@ def record(b: ProgramBuilder, start: int, n_blocks: int, mb: int, x: Idx, last: 
         src.ops += op_source(j, name, op.kind, op.stream, deps, op.paradigm,
                              (f"r[{k}]", f"r[{k + 1}]", "mb", f"r[{k + 2}]"), tag)
         consts.append(tuple(rest))
-    blocks = []
-    for t, phase, layer, chunk, bmb, base in b.blocks[n_blocks:]:
-        if bmb != mb or base < start:
-            return None
-        blocks.append((t, phase, layer, chunk, base - start))
     lc = b.last_compute
     if out is not None and out < start and out not in (x, last) \
             or lc != last and (lc is None or lc < start):
@@ -144,7 +142,7 @@ def record(b: ProgramBuilder, start: int, n_blocks: int, mb: int, x: Idx, last: 
     return ActionTemplate(emit, len(ops) - start,
                           None if out is None else out - start if out >= start else
                           _X if out == x else _LAST,
-                          None if lc == last else lc - start, tuple(blocks))
+                          None if lc == last else lc - start, tuple(names))
 
 
 def _out(t: ActionTemplate, base: int, x: Idx, last: Idx) -> Idx:
@@ -155,12 +153,13 @@ def _out(t: ActionTemplate, base: int, x: Idx, last: Idx) -> Idx:
 class ActionStamper:
     """A rank's action templates by kind (see the module docstring)."""
 
-    def __init__(self, b: ProgramBuilder, passes: list, bodies: stamp.Stamper):
-        self.b, self.passes, self.bodies = b, passes, bodies
+    def __init__(self, b: ProgramBuilder, passes: list):
+        self.b, self.passes = b, passes
         self.templates: dict[tuple, ActionTemplate | None] = {}
         self.checked: dict[tuple, ActionTemplate] = {}
         """The kinds whose second action matched its stamp: stamped from then on."""
         self.tries: dict[tuple, int] = {}
+        self.names: dict[tuple, int] = {}  # a template's names -> their number (ActionTemplate)
 
     def _key(self, phase: str, mb: int, chunk: int, x: Idx) -> tuple | None:
         keys = tuple(p.action_key(mb) for p in self.passes)
@@ -180,7 +179,7 @@ class ActionStamper:
             return body()
         t = self.checked.get(key)
         if t is not None:
-            out = self._stamp(t, mb, x)
+            out = self._stamp(t, phase, mb, chunk, x)
             if out is not _MISSING:
                 return out
             del self.checked[key]
@@ -190,20 +189,18 @@ class ActionStamper:
         if t is None:
             return body()
         b = self.b
-        start, n_blocks, last = len(b.ops), len(b.blocks), b.last_compute
-        learned = self.bodies.learned
+        start, last = len(b.ops), b.last_compute
         out = body()
-        if self.bodies.learned != learned:  # its bodies' kinds still settling: wait
-            return out
-        if t is not False and _same(b, t, start, n_blocks, mb, x, last, out):
+        if t is not False and _same(b, t, start, mb, x, last, out):
             self.checked[key] = t
             return out
         tries = self.tries[key] = self.tries.get(key, 0) + 1
-        self.templates[key] = record(b, start, n_blocks, mb, x, last, out) \
-            if tries <= TRIES else None
+        t = self.templates[key] = record(b, start, mb, x, last, out) if tries <= TRIES else None
+        if t is not None:
+            t.names = self.names.setdefault(t.names, len(self.names))
         return out
 
-    def _stamp(self, t: ActionTemplate, mb: int, x: Idx):
+    def _stamp(self, t: ActionTemplate, phase: str, mb: int, chunk: int, x: Idx):
         b = self.b
         ops, names, last = b.ops, b._names, b.last_compute
         base, before = len(ops), len(names)
@@ -214,8 +211,7 @@ class ActionStamper:
         if len(names) != before + t.size:  # a name the program had already
             raise AssertionError(f"duplicate op name in action of micro-batch {mb} on rank "
                                  f"{b.rank}")
-        for blk, phase, layer, chunk, off in t.blocks:
-            b.blocks.append((blk, phase, layer, chunk, mb, base + off))
+        b.blocks.append((t, phase, -1, chunk, mb, base))
         if t.last_compute is not None:
             b.last_compute = base + t.last_compute
         return _out(t, base, x, last)
@@ -224,8 +220,8 @@ class ActionStamper:
 _MISSING = object()
 
 
-def _same(b: ProgramBuilder, t: ActionTemplate, start: int, n_blocks: int, mb: int, x: Idx,
-          last: Idx, out: Idx) -> bool:
+def _same(b: ProgramBuilder, t: ActionTemplate, start: int, mb: int, x: Idx, last: Idx,
+          out: Idx) -> bool:
     """Whether ``t`` stamped at ``start`` gives what the generic code just emitted there."""
     ops: list[Op] = []
     try:
@@ -233,6 +229,4 @@ def _same(b: ProgramBuilder, t: ActionTemplate, start: int, n_blocks: int, mb: i
     except KeyError:
         return False
     lc = last if t.last_compute is None else start + t.last_compute
-    return ops == b.ops[start:] and lc == b.last_compute and _out(t, start, x, last) == out \
-        and [(blk, ph, la, ch, mb, start + off) for blk, ph, la, ch, off in t.blocks] \
-        == b.blocks[n_blocks:]
+    return ops == b.ops[start:] and lc == b.last_compute and _out(t, start, x, last) == out

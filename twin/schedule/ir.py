@@ -152,8 +152,10 @@ class Program:
     template: int | None = None
     """The rank whose program this one translates (same ops, streams and deps), if any."""
     blocks: list | None = None
-    """The bodies stamped from a recorded template (twin.schedule.stamp): (template, phase,
-    layer, chunk, micro-batch, first op) each, its ops consecutive and named alike."""
+    """The bodies and actions stamped from a recorded template (twin.schedule.stamp,
+    twin.schedule.actions): (template, phase, layer, chunk, micro-batch, first op) each, its
+    ``template.size`` ops consecutive, their fields but the names' micro-batches alike in every
+    copy (an action's layer -1; the bodies inside a stamped action are not listed apart)."""
     codes: object = field(default=None, repr=False, compare=False)
     """Its ops' signature codes (twin.sim.codes.op_codes), made on first use."""
 

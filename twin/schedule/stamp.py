@@ -200,9 +200,6 @@ class Stamper:
         self.templates: dict[tuple, Template | None] = {}
         self.checked: dict[tuple, Template] = {}
         """The kinds whose second body matched its stamp: stamped from then on."""
-        self.learned = 0
-        """Bodies recorded or checked so far: while it grows, bodies of one kind may be
-        built differently (generic, then stamped): whole actions wait (actions.py)."""
 
     def __call__(self, key: tuple, ctx: Ctx, inputs: tuple, grads: dict | None,
                  body: Callable[[], Idx]) -> Idx:
@@ -219,7 +216,6 @@ class Stamper:
             return body()
         b = self.b
         start, last = len(b.ops), b.last_compute
-        self.learned += 1
         out = body()
         if t is False:
             self.templates[key] = record(b, start, ctx, slots, out, last, grads)
