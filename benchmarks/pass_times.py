@@ -1,8 +1,8 @@
 """Where one simulated step's time goes: seconds per pass of the twin, for a bench_twin row or
 torchtitan's 405B with async TP.
 
-Run: python benchmarks/pass_times.py [JOB] [--build [--floor]] [--generic] [--events]
-                                       [--p2p-alone]
+Run: python benchmarks/pass_times.py [JOB] [--build [--floor]] [--generic | --bodies-only]
+                                       [--events] [--p2p-alone]
   JOB: a row of benchmarks/bench_twin.py (a-g; default e), or asynctp405b: Llama 3.1 405B on
        512 H100s as benchmarks/long_context.py's B405 (FSDP 8 x TP 8 x PP 8, compile + FP8,
        async TP) with its 15/16x6/15 split, global batch 256 of micro-batch 1 (32
@@ -13,6 +13,8 @@ Run: python benchmarks/pass_times.py [JOB] [--build [--floor]] [--generic] [--ev
        no name): what the builder's own logic costs, the floor of any cheaper stamped op
   --generic: build every layer body with the generic code (twin.schedule.stamp.ENABLED off:
        what stamping saves; the programs are the same)
+  --bodies-only: stamp layer bodies but build every whole action with the generic code
+       (twin.schedule.actions.ENABLED off: what stamping whole actions saves)
   --p2p-alone: time every send/recv as if alone on its links (its latency, then its bytes at
        its uncontended rate: one timeout, no flow): NOT the twin's result; what the fabric's
        p2p flows cost the engine and how much their sharing moves the step
@@ -171,6 +173,7 @@ def main() -> None:
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--floor", action="store_true")
     ap.add_argument("--generic", action="store_true")
+    ap.add_argument("--bodies-only", action="store_true")
     ap.add_argument("--events", action="store_true")
     ap.add_argument("--p2p-alone", action="store_true")
     args = ap.parse_args()
@@ -178,6 +181,10 @@ def main() -> None:
         from twin.schedule import stamp
 
         stamp.ENABLED = False
+    if args.bodies_only:
+        from twin.schedule import actions
+
+        actions.ENABLED = False
     job, cost, options, trace = job_and_options(args.job)
     if args.build:
         if args.floor:

@@ -78,6 +78,15 @@ def _job(name: str):
         return build_job(gpt(**{"num_layers": 4, **model}), spec, ParallelPlan(**plan))
 
 
+@pytest.fixture(autouse=True)
+def short_runs_stamp_actions(monkeypatch):
+    """Record whole actions however few micro-batches follow (actions.AHEAD): these runs are
+    short, and the records are what is tested."""
+    from twin.schedule import actions
+
+    monkeypatch.setattr(actions, "AHEAD", 0)
+
+
 @pytest.fixture
 def stamps(monkeypatch):
     def use(on: bool) -> None:

@@ -39,8 +39,14 @@ from twin.schedule.ir import Op
 from twin.schedule.names import mb_tokens
 from twin.schedule.stamp import _REST, compiled, op_source
 
+ENABLED = True
+"""Stamp whole actions (False: layer bodies only, as stamp.ENABLED allows them)."""
 TRIES = 3
 """Records of one kind before it stays generic."""
+AHEAD = 32
+"""A kind is recorded only while at least this many micro-batches are still to come: a
+record (and compiling it) costs about what stamping saves on a few dozen copies, so a short
+run (or the tail of one) keeps the generic code."""
 _TEXT = ("kind", "stream", "phase", "paradigm", "dtype", "group_name", "category")
 """An op's other text fields: a micro-batch token there keeps the action generic."""
 _X, _LAST = -1, -2  # an external dependency: the action's input; the last compute op before it
@@ -83,13 +89,13 @@ class _Source:
                 out.append(self.offsets.setdefault(off, f"m{len(self.offsets)}"))
         return " + ".join(out) or "''"
 
-    def text(self, value: str, consts: list) -> str:
-        """The expression of an op's name or tag; its pieces appended to the op's recorded
-        fields ``consts`` (``r``)."""
+    def text(self, pieces: tuple[str, ...], mbs: tuple[int, ...], consts: list) -> str:
+        """The expression of an op's name or tag (split by ``mb_tokens``); its pieces
+        appended to the op's recorded fields ``consts`` (``r``)."""
         def piece(_k, p):
             consts.append(p)
             return f"r[{len(consts) - 1}]"
-        return self._expr(*mb_tokens(value), piece)
+        return self._expr(pieces, mbs, piece)
 
     def dep(self, name: str) -> str:
         """The variable of the op named ``name`` (its tokens moved with the micro-batch)."""
@@ -115,15 +121,18 @@ def record(b: ProgramBuilder, start: int, mb: int, x: Idx, last: Idx,
     None: it cannot be stamped."""
     src, consts, ops, names = _Source(mb), [], b.ops, []
     for j, op in enumerate(ops[start:]):
-        if type(op) is not Op or op.mb != mb or any(mb_tokens(getattr(op, f))[1] for f in _TEXT):
+        texts = [getattr(op, f) for f in _TEXT]
+        if type(op) is not Op or op.mb != mb \
+                or any(mb_tokens(t)[1] for t in texts if "mb" in t):
             return None
         rest = [getattr(op, f) for f in _REST]
         k = len(rest)
         rest += (op.phase, op.layer, op.chunk)
-        name = src.text(op.name, rest)
         pieces, mbs = mb_tokens(op.name)
+        name = src.text(pieces, mbs, rest)
         names.append((pieces, tuple(m - mb for m in mbs)))
-        tag = src.text(op.tag, rest) if mb_tokens(op.tag)[1] else None
+        tag = mb_tokens(op.tag) if "mb" in op.tag else None
+        tag = src.text(*tag, rest) if tag and tag[1] else None
         ext = [("x" if d == x else "last" if d == last else src.dep(ops[d].name))
                for d in op.deps if d < start]
         inner = "".join(f"base + {d - start}, " for d in op.deps[len(ext):])
@@ -153,8 +162,8 @@ def _out(t: ActionTemplate, base: int, x: Idx, last: Idx) -> Idx:
 class ActionStamper:
     """A rank's action templates by kind (see the module docstring)."""
 
-    def __init__(self, b: ProgramBuilder, passes: list):
-        self.b, self.passes = b, passes
+    def __init__(self, b: ProgramBuilder, passes: list, microbatches: int):
+        self.b, self.passes, self.microbatches = b, passes, microbatches
         self.templates: dict[tuple, ActionTemplate | None] = {}
         self.checked: dict[tuple, ActionTemplate] = {}
         """The kinds whose second action matched its stamp: stamped from then on."""
@@ -174,7 +183,7 @@ class ActionStamper:
     def __call__(self, phase: str, mb: int, chunk: int, x: Idx, body: Callable[[], Idx]) -> Idx:
         """The output of the action ``body()`` would emit (phase F or B of ``chunk`` on
         micro-batch ``mb``, input ``x``), stamped where its kind allows."""
-        key = self._key(phase, mb, chunk, x) if stamp.ENABLED else None
+        key = self._key(phase, mb, chunk, x) if stamp.ENABLED and ENABLED else None
         if key is None:
             return body()
         t = self.checked.get(key)
@@ -191,7 +200,10 @@ class ActionStamper:
         b = self.b
         start, last = len(b.ops), b.last_compute
         out = body()
-        if t is not False and _same(b, t, start, mb, x, last, out):
+        if t is False:  # not recorded yet: only while enough copies may follow to repay it
+            if self.microbatches - mb < AHEAD:
+                return out
+        elif _same(b, t, start, mb, x, last, out):
             self.checked[key] = t
             return out
         tries = self.tries[key] = self.tries.get(key, 0) + 1

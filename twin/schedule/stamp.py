@@ -74,15 +74,13 @@ def op_source(j: int, name: str, kind: str, stream: str, deps: str, paradigm: st
     expressions; the other fields are the recorded ones (``K[j]``, as ``_REST`` names them).
     The function has ``ops``, ``names`` and ``base`` and has bound ``append``."""
     phase, layer, mb, chunk = labels
-    sets = [f"o.{f} = r[{k}]" if k != _TAG or tag is None else f"o.tag = {tag}"
-            for k, f in enumerate(_REST)]
+    sets = _SETS if tag is None else _SETS.replace(f"o.tag = r[{_TAG}]", f"o.tag = {tag}")
     return [f"    o = _Slots(); r = K[{j}]",
             f"    o.name = n = {name}",
             f"    o.kind = {kind!r}; o.stream = {stream!r}; o.deps = {deps}",
             f"    o.phase = {phase}; o.paradigm = {paradigm!r}",
             f"    o.layer = {layer}; o.mb = {mb}; o.chunk = {chunk}",
-            "    " + "; ".join(sets),
-            "    o.__class__ = Op; append(o)",
+            sets, "    o.__class__ = Op; append(o)",
             f"    names[n] = base + {j}"]
 
 
@@ -106,6 +104,8 @@ _CODE: dict[str, object] = {}
 
 _SLOTS = type("_StampSlots", (), {"__slots__": tuple(Op.__slots__)})
 _TAG = _REST.index("tag")
+_SETS = "    " + "; ".join(f"o.{f} = r[{k}]" for k, f in enumerate(_REST))
+"""The recorded fields' assignments (op_source)."""
 
 
 class _Local(str):

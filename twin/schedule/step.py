@@ -82,7 +82,7 @@ class StepBuilder:
         self._before = [p.before for p in reversed(self.passes) if type(p).before is not Pass.before]
         self._after = [p.after for p in self.passes if type(p).after is not Pass.after]
         self._ctxs: dict[tuple[str, int, int], Ctx] = {}
-        self.actions = ActionStamper(b, self.passes)
+        self.actions = ActionStamper(b, self.passes, par.num_microbatches)
         """Whole actions of the chunks whose units are all layers, recorded and stamped."""
         self.layer_chunks = {c for c, layers in enumerate(layout.chunk_layers)
                              if layers and c != 0 and not layout.is_last_chunk(c)}
