@@ -176,8 +176,13 @@ class ActionStamper:
             return None
         last = self.b.last_compute
         if last is not None:  # where the host stands: that op's name, micro-batches relative
-            pieces, mbs = mb_tokens(self.b.ops[last].name)
-            last = (pieces, tuple(m - mb for m in mbs))
+            op = self.b.ops[last]
+            name = op.name
+            if name.count("mb") == 1:  # (most names: one token, the op's own micro-batch)
+                last = (name.replace(f"mb{op.mb}", "", 1), op.mb - mb)
+            else:
+                pieces, mbs = mb_tokens(name)
+                last = (pieces, tuple(m - mb for m in mbs))
         return (phase, chunk, x is None, last, keys)
 
     def __call__(self, phase: str, mb: int, chunk: int, x: Idx, body: Callable[[], Idx]) -> Idx:
