@@ -3,7 +3,12 @@
 micro-batch (fold=none, fast_forward=false); the step time and every rank's peak memory must
 agree (to 1e-9 relative: both are exact, so only float rounding may differ).
 
-    python benchmarks/fold_fuzz.py [--seed 1] [--plans 300] [--async-share 0.3]
+    python benchmarks/fold_fuzz.py [--seed 1] [--plans 300] [--async-share 0.3] [--programs]
+
+``--programs``: the builder's exact speed-up instead: each plan (its micro-batches times
+four) has one rank per pipeline stage built twice, with stamped layer bodies and whole
+actions (twin/schedule/stamp.py, actions.py; actions recorded however few micro-batches
+follow) and by the generic code; the programs must be equal, op for op and field for field.
 
 Plans: small GPT or MoE models on 1-16 nodes of 2-8 GPUs (one NIC per node or one per GPU),
 tp, pp, cp, dp, ZeRO 0-3 and HSDP, every pipeline schedule, recompute, five rank orders,
@@ -32,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paratwin.config import CONF_DIR, preset_cluster  # noqa: E402
 from twin.cost import CostModel  # noqa: E402
+from twin.schedule.ir import Op  # noqa: E402
 from twin.sim.engine import SimOptions  # noqa: E402
 from twin.sim.run import simulate  # noqa: E402
 from twin.spec import ModelSpec, ParallelPlan, build_job  # noqa: E402
@@ -113,12 +119,43 @@ def both_ways(job, cost) -> tuple[dict, dict]:
     return full, fast
 
 
+def programs_both_ways(job) -> tuple[int, list[int]]:
+    """(actions stamped, the ranks whose programs differ) of one rank per stage of ``job``
+    with four times its micro-batches, built stamped and by the generic code."""
+    from twin.schedule import actions, stamp
+    from twin.schedule.builder import build_schedule
+    from twin.sim.fastforward import reduced_job
+
+    job = reduced_job(job, 4 * job.parallel.num_microbatches)
+    ranks = sorted(set(job.grid.group(0, "pp")))
+    fields = [f.name for f in dataclasses.fields(Op)]
+    stamped, stamp_action = [], actions.ActionStamper._stamp
+
+    def counted(self, *args):
+        stamped.append(args)
+        return stamp_action(self, *args)
+
+    built = {}
+    ahead, actions.AHEAD, actions.ActionStamper._stamp = actions.AHEAD, 0, counted
+    try:
+        for on in (True, False):
+            stamp.ENABLED = on
+            schedule = build_schedule(job)
+            built[on] = {r: [tuple(getattr(op, f) for f in fields) for op in schedule.program(r).ops]
+                         for r in ranks}
+    finally:
+        stamp.ENABLED, actions.AHEAD, actions.ActionStamper._stamp = True, ahead, stamp_action
+    return len(stamped), [r for r in ranks if built[True][r] != built[False][r]]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--plans", type=int, default=300)
     ap.add_argument("--async-share", type=float, default=0.3,
                     help="chance that a plan with SP runs async TP")
+    ap.add_argument("--programs", action="store_true",
+                    help="compare stamped and generic programs instead of simulating")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     rng = random.Random(args.seed)
@@ -131,6 +168,20 @@ def main() -> int:
         if got is None:
             continue
         job, profile, what = got
+        if args.programs:
+            try:
+                n, differ = programs_both_ways(job)
+            except ConfigError:
+                continue
+            except Exception as e:  # noqa: BLE001 - reported, the fuzz goes on
+                errors.append(f"{type(e).__name__}: {str(e)[:200]} ({what})")
+                done += 1
+                continue
+            done += 1
+            forwarded += n  # (the actions stamped)
+            if differ:
+                mismatches.append(f"ranks {differ} differ ({what})")
+            continue
         try:
             full, fast = both_ways(job, costs.get(profile))
         except ConfigError:  # (what the plan cannot run, past build_job: the work budget)
@@ -148,9 +199,10 @@ def main() -> int:
             mismatches.append(f"step {rel:+.2e} ({what})")
         if done % 50 == 0:
             print(f"  {done} plans, {time.perf_counter() - t0:.0f} s", flush=True)
-    print(f"{done} plans (seed {args.seed}): {folded} folded, {forwarded} fast-forwarded, "
-          f"{len(errors)} errors, {len(mismatches)} mismatches "
-          f"({time.perf_counter() - t0:.0f} s)")
+    what = f"{forwarded} actions stamped" if args.programs else \
+        f"{folded} folded, {forwarded} fast-forwarded"
+    print(f"{done} plans (seed {args.seed}): {what}, {len(errors)} errors, "
+          f"{len(mismatches)} mismatches ({time.perf_counter() - t0:.0f} s)")
     for line in errors + mismatches:
         print("  " + line)
     return 1 if errors or mismatches else 0
