@@ -150,7 +150,9 @@ def build_only(job) -> None:
     """Build one rank per stage with each micro-batch count the stepper may simulate: its
     reduced runs (PERIODS steady periods, then twice as many; two when that would be more
     than half) and the full job."""
+    from twin.schedule.actions import ActionTemplate
     from twin.schedule.builder import build_schedule
+    from twin.schedule.stamp import Template
     from twin.sim.fastforward import PERIODS, reduced_job, reduced_microbatches
 
     m = job.parallel.num_microbatches
@@ -161,9 +163,11 @@ def build_only(job) -> None:
         schedule = build_schedule(j)
         t0 = time.perf_counter()
         progs = [schedule.program(r) for r in j.grid.group(0, "pp")]
-        print(f"{m_r:>4} micro-batches: {time.perf_counter() - t0:6.2f} s, "
-              f"{sum(len(p.ops) for p in progs):,} ops, "
-              f"{sum(len(p.blocks or ()) for p in progs):,} stamped bodies")
+        took = time.perf_counter() - t0
+        kinds = Counter(type(b[0]) for p in progs for b in p.blocks or ())
+        print(f"{m_r:>4} micro-batches: {took:6.2f} s, {sum(len(p.ops) for p in progs):,} ops, "
+              f"{kinds[Template]:,} stamped bodies and {kinds[ActionTemplate]:,} whole actions "
+              "outside them")
     gc.enable()
 
 
