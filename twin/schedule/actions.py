@@ -178,7 +178,9 @@ class ActionStamper:
         if last is not None:  # where the host stands: that op's name, micro-batches relative
             op = self.b.ops[last]
             name = op.name
-            if name.count("mb") == 1:  # (most names: one token, the op's own micro-batch)
+            if op.mb < 0:  # an op of no micro-batch: its name as it is
+                last = (name, None)
+            elif name.count("mb") == 1:  # (most names: one token, the op's own micro-batch)
                 last = (name.replace(f"mb{op.mb}", "", 1), op.mb - mb)
             else:
                 pieces, mbs = mb_tokens(name)
