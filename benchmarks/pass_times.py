@@ -79,7 +79,8 @@ def job_and_options(key: str):
     return job, cost, options, trace
 
 
-def _timed(times: dict, label: str, f):
+def timed(times: dict, label: str, f):
+    """``f`` wrapped to add its wall time to ``times[label]`` (report_times.py uses it too)."""
     @functools.wraps(f)
     def run(*args, **kwargs):
         t0 = time.perf_counter()
@@ -93,12 +94,12 @@ def _timed(times: dict, label: str, f):
 def instrument(times: dict) -> None:
     """Wrap every pass of PASSES and METHODS so that ``times`` sums its seconds."""
     for mod, name, users in PASSES:
-        wrapped = _timed(times, name, getattr(importlib.import_module(mod), name))
+        wrapped = timed(times, name, getattr(importlib.import_module(mod), name))
         for m in (mod, *users):
             setattr(importlib.import_module(m), name, wrapped)
     for mod, cls, name, label in METHODS:
         owner = getattr(importlib.import_module(mod), cls)
-        setattr(owner, name, _timed(times, label, getattr(owner, name)))
+        setattr(owner, name, timed(times, label, getattr(owner, name)))
 
 
 def count_events(counts: Counter) -> None:

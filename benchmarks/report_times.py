@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.pass_times import _timed  # noqa: E402
+from benchmarks.pass_times import timed  # noqa: E402
 
 PARTS = [  # (module, function, modules that imported it by name, label)
     ("twin.report.timeline", "timeline", (), "timeline"),
@@ -39,7 +39,7 @@ def instrument(times: dict) -> None:
     import importlib
 
     for mod, name, users, label in PARTS:
-        wrapped = _timed(times, label, getattr(importlib.import_module(mod), name))
+        wrapped = timed(times, label, getattr(importlib.import_module(mod), name))
         for m in (mod, *users):
             setattr(importlib.import_module(m), name, wrapped)
 
