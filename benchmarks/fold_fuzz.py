@@ -136,7 +136,8 @@ def programs_both_ways(job) -> tuple[int, list[int]]:
         return stamp_action(self, *args)
 
     built = {}
-    ahead, actions.AHEAD, actions.ActionStamper._stamp = actions.AHEAD, 0, counted
+    saved = stamp.ENABLED, actions.AHEAD
+    actions.AHEAD, actions.ActionStamper._stamp = 0, counted
     try:
         for on in (True, False):
             stamp.ENABLED = on
@@ -144,7 +145,7 @@ def programs_both_ways(job) -> tuple[int, list[int]]:
             built[on] = {r: [tuple(getattr(op, f) for f in fields) for op in schedule.program(r).ops]
                          for r in ranks}
     finally:
-        stamp.ENABLED, actions.AHEAD, actions.ActionStamper._stamp = True, ahead, stamp_action
+        (stamp.ENABLED, actions.AHEAD), actions.ActionStamper._stamp = saved, stamp_action
     return len(stamped), [r for r in ranks if built[True][r] != built[False][r]]
 
 
@@ -168,22 +169,8 @@ def main() -> int:
         if got is None:
             continue
         job, profile, what = got
-        if args.programs:
-            try:
-                n, differ = programs_both_ways(job)
-            except ConfigError:
-                continue
-            except Exception as e:  # noqa: BLE001 - reported, the fuzz goes on
-                errors.append(f"{type(e).__name__}: {str(e)[:200]} ({what})")
-                done += 1
-                continue
-            done += 1
-            forwarded += n  # (the actions stamped)
-            if differ:
-                mismatches.append(f"ranks {differ} differ ({what})")
-            continue
         try:
-            full, fast = both_ways(job, costs.get(profile))
+            got = programs_both_ways(job) if args.programs else both_ways(job, costs.get(profile))
         except ConfigError:  # (what the plan cannot run, past build_job: the work budget)
             continue
         except Exception as e:  # noqa: BLE001 - reported, the fuzz goes on
@@ -191,6 +178,13 @@ def main() -> int:
             done += 1
             continue
         done += 1
+        if args.programs:
+            n, differ = got
+            forwarded += n  # (the actions stamped)
+            if differ:
+                mismatches.append(f"ranks {differ} differ ({what})")
+            continue
+        full, fast = got
         folded += fast["simulated_ranks"] < job.grid.world_size
         forwarded += bool(fast["fast_forward"])
         rel = fast["step_time_s"] / full["step_time_s"] - 1

@@ -85,7 +85,7 @@ class StepBuilder:
         self.actions = ActionStamper(b, self.passes, par.num_microbatches)
         """Whole actions of the chunks whose units are all layers, recorded and stamped."""
         self.layer_chunks = {c for c, layers in enumerate(layout.chunk_layers)
-                             if layers and c != 0 and not layout.is_last_chunk(c)}
+                             if layers and all(u.kind == LAYER for u in self.units(Ctx(), c))}
 
     # -- setup -----------------------------------------------------------------------
     def setup(self) -> None:

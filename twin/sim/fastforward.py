@@ -93,8 +93,6 @@ def reduced_job(job: Job, microbatches: int) -> Job:
     return dataclasses.replace(job, parallel=plan)
 
 
-
-
 def counterparts(ops, d: int, microbatches: int | None = None, blocks=None) -> np.ndarray:
     """Per op, the index of the same op d micro-batches later (-1: none, or no micro-batch).
     ``microbatches``: the program's micro-batches (an op of micro-batch m - d or later has
