@@ -68,8 +68,9 @@ _MEM = '{"ph":"i","s":"t","name":%s,"pid":%d,"tid":%d,"ts":%s,' + _ARGS
 """A span's event as json.dumps writes its dict (strings and numbers given as JSON text)."""
 
 
-def _dump(event: dict) -> str:
-    return json.dumps(event, separators=(",", ":"))
+_dump = json.JSONEncoder(separators=(",", ":")).encode
+"""An event as compact JSON text (``json.dumps(event, separators=(",", ":"))``: one encoder
+made once, not one per call)."""
 
 
 def _events(trace: Trace, gpn: int) -> Iterator[str]:

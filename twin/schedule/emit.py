@@ -40,8 +40,15 @@ class Ctx:
         out = self.__dict__["_prefix"] = "/".join(parts)
         return out
 
+    @staticmethod
+    def of(phase: str, mb: int = -1, chunk: int = -1, layer: int = -1, paradigm: str = "") -> Ctx:
+        """Ctx(...) without the frozen dataclass's __init__ (its fields set directly)."""
+        out = _new(Ctx)
+        out.__dict__.update(phase=phase, mb=mb, chunk=chunk, layer=layer, paradigm=paradigm)
+        return out
+
     def at(self, **kw) -> Ctx:
-        out = _new(Ctx)  # Ctx(...) without the frozen dataclass's __init__ (its fields set)
+        out = _new(Ctx)  # as Ctx.of
         d = out.__dict__
         d.update(phase=kw.get("phase", self.phase), mb=kw.get("mb", self.mb),
                  chunk=kw.get("chunk", self.chunk), layer=kw.get("layer", self.layer),
@@ -124,14 +131,16 @@ class ProgramBuilder:
 
     # -- generic -----------------------------------------------------------------
     def emit(self, ctx: Ctx, local: str, kind: str, stream: str, deps: Iterable[Idx] = (),
-             **fields) -> int:
+             paradigm: str | None = None, **fields) -> int:
+        """Append an op named ``{ctx's prefix}/{local}`` labelled by ``ctx`` (``paradigm``: in
+        place of the context's, as ``ctx.at(paradigm=...)`` would label it); its index."""
         name = f"{ctx.prefix()}/{local}"
         names, ops = self._names, self.ops
         if name in names:
             raise AssertionError(f"duplicate op name {name!r} on rank {self.rank}")
         idx = len(ops)
-        ops.append(make_op(name, kind, stream, _dep_tuple(deps), ctx.phase, ctx.paradigm,
-                           ctx.layer, ctx.mb, ctx.chunk, **fields))
+        ops.append(make_op(name, kind, stream, _dep_tuple(deps), ctx.phase,
+                           ctx.paradigm if paradigm is None else paradigm, ctx.layer, ctx.mb, ctx.chunk, **fields))
         names[name] = idx
         if kind in ("gemm", "attention", "elementwise", "optimizer"):
             self.last_compute = idx
@@ -247,13 +256,13 @@ class ProgramBuilder:
                          dtype=dtype or self.dtype)
 
     def send(self, ctx: Ctx, local: str, peer: int, tag: str, nbytes: float,
-             deps: Iterable[Idx], group_name: str = "pp") -> int:
-        return self.emit(ctx, local, "send", "p2p", deps, peer=peer, tag=tag,
+             deps: Iterable[Idx], group_name: str = "pp", paradigm: str | None = None) -> int:
+        return self.emit(ctx, local, "send", "p2p", deps, paradigm, peer=peer, tag=tag,
                          bytes=float(nbytes), group_name=group_name, dtype=self.dtype)
 
     def recv(self, ctx: Ctx, local: str, peer: int, tag: str, nbytes: float,
-             deps: Iterable[Idx], group_name: str = "pp") -> int:
-        return self.emit(ctx, local, "recv", "p2p", deps, peer=peer, tag=tag,
+             deps: Iterable[Idx], group_name: str = "pp", paradigm: str | None = None) -> int:
+        return self.emit(ctx, local, "recv", "p2p", deps, paradigm, peer=peer, tag=tag,
                          bytes=float(nbytes), group_name=group_name, dtype=self.dtype)
 
     # -- memory ------------------------------------------------------------------

@@ -50,8 +50,9 @@ class Pipeline(Pass):
         if not 0 <= src < self.n_chunks or self.placement[src] == self.stage:
             return None  # no input, or handed over on this rank (the turn of a V)
         what = "act" if ctx.phase == "fwd" else "grad"
-        return self.b.recv(ctx.at(paradigm="pp"), "recv", self.group[self.placement[src]],
-                           f"{what}.c{src}.mb{ctx.mb}", self.p2p_bytes, [self.b.last_compute])
+        return self.b.recv(ctx, "recv", self.group[self.placement[src]],
+                           f"{what}.c{src}.mb{ctx.mb}", self.p2p_bytes, [self.b.last_compute],
+                           paradigm="pp")
 
     def send(self, ctx: Ctx, chunk: int, out: Idx) -> None:
         """At a chunk's end: send its output to the next chunk's stage in this direction."""
@@ -59,8 +60,8 @@ class Pipeline(Pass):
         if not 0 <= dst < self.n_chunks or self.placement[dst] == self.stage:
             return
         what = "act" if ctx.phase == "fwd" else "grad"
-        self.b.send(ctx.at(paradigm="pp"), "send", self.group[self.placement[dst]],
-                    f"{what}.c{chunk}.mb{ctx.mb}", self.p2p_bytes, [out])
+        self.b.send(ctx, "send", self.group[self.placement[dst]],
+                    f"{what}.c{chunk}.mb{ctx.mb}", self.p2p_bytes, [out], paradigm="pp")
 
     def action_key(self, mb: int) -> tuple:
         """No hooks inside an action: its p2p lies around it."""

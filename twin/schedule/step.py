@@ -127,7 +127,7 @@ class StepBuilder:
         key = ("fwd" if action.phase == "F" else "bwd", action.mb, action.chunk)
         ctx = self._ctxs.get(key)  # receive, compute and send label their ops alike
         if ctx is None:
-            ctx = self._ctxs[key] = Ctx(key[0], mb=action.mb, chunk=action.chunk)
+            ctx = self._ctxs[key] = Ctx.of(key[0], action.mb, action.chunk)
         return ctx
 
     def receive(self, action: Action) -> Idx:
