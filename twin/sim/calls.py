@@ -13,11 +13,13 @@ from twin.sim.records import Bundle, Rendezvous
 class Calls:
     """Simulation's collective calls (the engine's state: env, fabric, flows, _rv, ...)."""
 
-    def _start(self, b: Bundle | None) -> simpy.Event | None:
+    def _start(self, b: Bundle | None, then) -> bool:
+        """Start bundle ``b``'s flow, ``then()`` called when it has moved; False: nothing
+        moves (``then`` not called)."""
         if b is None:
-            return None
+            return False
         return self.fabric.transfer(b.resources, b.size_bytes, weights=b.weights,
-                                    costs=b.byte_costs)
+                                    costs=b.byte_costs, then=then)
 
     def _arrive(self, rank: int, op: Op, evs: dict[int, simpy.Event], i: int) -> simpy.Event:
         """This rank reaches a collective; the last simulated member starts it."""
@@ -57,12 +59,13 @@ class Calls:
         lat = (lats[k] + extra) * noise
 
         def start(_=None):
-            ev = self._start(specs[k])
             self.events += 2
-            if ev is None:
+
+            def moved() -> None:
                 self._next_phase(specs, lats, k + 1, done, noise, 0.0)
-            else:
-                ev.callbacks.append(lambda _e: self._next_phase(specs, lats, k + 1, done, noise, 0.0))
+
+            if not self._start(specs[k], moved):
+                moved()
 
         if lat > 0:
             self.env.timeout(lat).callbacks.append(start)

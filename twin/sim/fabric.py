@@ -18,6 +18,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import NamedTuple
 
 import simpy
@@ -44,8 +45,8 @@ class Flow:
     """Per resource: how many identical flows this one stands for there."""
     costs: tuple[float, ...]
     """Per resource: units of the resource one unit of the flow uses."""
-    event: simpy.Event
-    """Fires when the flow has moved ``amount``."""
+    event: simpy.Event | Callable[[], None]
+    """Fires when the flow has moved ``amount`` (a callable: called then, Fabric.transfer)."""
     t_s: float
     """Simulated time of the last re-rate."""
     rate: float = 0.0
@@ -86,17 +87,24 @@ class Fabric:
 
     def transfer(self, resources: tuple[Resource, ...], amount: float, cap: float = math.inf,
                  weights: tuple[float, ...] | None = None,
-                 costs: tuple[float, ...] | None = None) -> simpy.Event:
-        """Start a flow now; the returned event fires when it has moved ``amount``.
+                 costs: tuple[float, ...] | None = None,
+                 then: Callable[[], None] | None = None) -> simpy.Event | bool:
+        """Start a flow now; the returned event fires when it has moved ``amount``. With
+        ``then``: no event; ``then()`` is called when the flow has moved ``amount``, right
+        after the fabric has re-rated the flows left (not a step of the event loop later), and
+        the return says whether a flow started (False: nothing to move, ``then`` not called).
 
         ``weights`` (one per resource, default 1): how many identical flows this one
         stands for on each resource (folded ranks sharing a NIC or the cores). ``costs`` (one
         per resource, default 1): units of the resource one unit of ``amount`` uses (a byte
         copied by gloo costs 1/B core-seconds of the host's cores)."""
-        ev = self.env.event()
         if amount <= 0 or not resources:
+            if then is not None:
+                return False
+            ev = self.env.event()
             ev.succeed()
             return ev
+        ev = self.env.event() if then is None else then
         for r in resources:
             if r not in self.capacity:
                 raise KeyError(f"unknown fabric resource {r!r}")
@@ -113,7 +121,7 @@ class Fabric:
             on.add(f)
         affected.add(f)
         self._rerate(affected)
-        return ev
+        return ev if then is None else True
 
     def _rate(self, f: Flow) -> float:
         rate = f.cap
@@ -167,10 +175,16 @@ class Fabric:
                 on.discard(f)
                 affected |= on
         affected -= set(done)
+        thens = []
         for f in done:
             self.flows_done += 1
-            f.event.succeed()
+            if f.event.__class__ is simpy.Event:
+                f.event.succeed()
+            else:
+                thens.append(f.event)
         if affected:
             self._rerate(affected)
         else:
             self._arm()
+        for then in thens:
+            then()

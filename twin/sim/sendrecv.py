@@ -106,13 +106,13 @@ def transfer(sim, src: int, dst: int, op: Op, waiters: list) -> None:
     called (by the flow's event, or at once when nothing moves)."""
     bundle, lat = sim.flows.p2p(src, dst, op.bytes)
 
-    def start(e) -> None:
-        ev = sim._start(bundle)
-        if ev is None:
-            for w in waiters:
-                w(e)
-        else:
-            ev.callbacks.extend(waiters)
+    def moved() -> None:
+        for w in waiters:
+            w(None)
+
+    def start(_e) -> None:
+        if not sim._start(bundle, moved):
+            moved()
 
     sim.env.timeout(lat * sim._noise(sim.cost.comm_cv)).callbacks.append(start)
 
