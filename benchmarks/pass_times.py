@@ -10,7 +10,9 @@ Run: python benchmarks/pass_times.py [JOB] [--build [--floor]] [--generic | --bo
   --build: only build the stage programs (one rank per stage) of the job with the reduced
        runs' micro-batch counts the fast-forward tries, and time that
   --floor: with --build, stamped bodies append placeholders instead of ops (no Op object,
-       no name): what the builder's own logic costs, the floor of any cheaper stamped op
+       no name): what the builder's own logic costs, the floor of any cheaper stamped op;
+       whole actions are built as bodies (as with --bodies-only: an action is recorded
+       from its ops, which placeholders are not)
   --generic: build every layer body with the generic code (twin.schedule.stamp.ENABLED off:
        what stamping saves; the programs are the same)
   --bodies-only: stamp layer bodies but build every whole action with the generic code
@@ -186,7 +188,7 @@ def main() -> None:
         from twin.schedule import stamp
 
         stamp.ENABLED = False
-    if args.bodies_only:
+    if args.bodies_only or (args.build and args.floor):
         from twin.schedule import actions
 
         actions.ENABLED = False
