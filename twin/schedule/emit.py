@@ -140,7 +140,8 @@ class ProgramBuilder:
             raise AssertionError(f"duplicate op name {name!r} on rank {self.rank}")
         idx = len(ops)
         ops.append(make_op(name, kind, stream, _dep_tuple(deps), ctx.phase,
-                           ctx.paradigm if paradigm is None else paradigm, ctx.layer, ctx.mb, ctx.chunk, **fields))
+                           ctx.paradigm if paradigm is None else paradigm, ctx.layer, ctx.mb,
+                           ctx.chunk, **fields))
         names[name] = idx
         if kind in ("gemm", "attention", "elementwise", "optimizer"):
             self.last_compute = idx

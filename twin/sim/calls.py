@@ -72,11 +72,13 @@ class Calls:
         else:
             start()
 
-    def _event_of(self, rank: int, op: Op, evs: dict[int, simpy.Event], i: int) -> simpy.Event:
-        """The completion event of op ``i`` (a collective's is its rendezvous event)."""
+    def _event_of(self, rank: int, op: Op, evs, i: int) -> simpy.Event:
+        """The completion event of op ``i`` (a collective's is its rendezvous event unless
+        the compute walk times it), made on first use (records.Events)."""
         ev = evs.get(i)
         if ev is None:
-            ev = evs[i] = self._rendezvous(op).done
+            ev = evs[i] = self._rendezvous(op).done if op.is_collective and i not in evs.inline \
+                else self.env.event()
         return ev
 
     def _rendezvous(self, op: Op) -> Rendezvous:

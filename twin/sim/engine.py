@@ -34,13 +34,15 @@ from twin.sim.overlap import ComputeClock
 from twin.sim.private import COMPUTE, Inliner, finish
 from twin.sim.records import (  # noqa: F401 - SimOptions, fold_classes: public here
     Bundle,
+    Events,
     P2PPair,
     PairKey,
     Rendezvous,
     RendezvousKey,
     SimOptions,
     Structure,
-    fire,
+    ended,
+    fire_op,
     fold_classes,
     folded_shifts,
 )
@@ -230,7 +232,7 @@ class Simulation(Calls):
                     en[i] = free[stream] = end
                     if i in external:  # another process (the host's sync) waits for it
                         env.timeout(max(0.0, end - now)).callbacks.append(
-                            lambda _e, ev=evs[i]: fire(ev))
+                            lambda _e, i=i: fire_op(evs, i))
                     continue
                 if ready > now + pending:  # not issued or not ready yet: the device idles
                     pending = ready - now
@@ -253,7 +255,7 @@ class Simulation(Calls):
                         now = env.now
                         pending = 0.0
                         self.events += 1
-                        fire(evs[i])
+                        fire_op(evs, i)
                     continue
                 dur = base[i] * slow
                 if jitter:
@@ -265,7 +267,7 @@ class Simulation(Calls):
                         now = env.now
                         pending = 0.0
                         self.events += 1
-                        fire(evs[i])
+                        fire_op(evs, i)
                     continue
                 if overlap and self._inflight_comm[rank]:  # (shared cores: at its start)
                     dur *= 1 + overlap
@@ -290,7 +292,7 @@ class Simulation(Calls):
                         pending = 0.0
                         self.events += 1
                 if i in external:
-                    fire(evs[i])
+                    fire_op(evs, i)
         self.ops_done += len(indices) - 4096 * max(0, (len(indices) - 1) // 4096)
         if pending:
             yield self._held(clock, pending)
@@ -357,12 +359,12 @@ class Simulation(Calls):
         on = self.inline_private and not (self.opt.jitter or self.cost.overlap_slowdown
                                           or self.core_share or self.opt.degraded)
         self.inliner = Inliner.of(self.flows, self.fabric, self.simulated, on)
+        done = ended(self.env)
         for rank, prog in self.programs.items():
             st = self._structure(rank, prog)
             ops = prog.ops
             walk, inline = walk_of(self.inliner, self._walks, rank, prog, st)
-            evs = {i: self.env.event() for i in walk.external
-                   if not ops[i].is_collective or (inline and i in inline)}
+            evs = Events(self.env, inline, done)
             self._synced[rank] = {}
             for s, idx in walk.walks.items():
                 if s == "p2p":  # each its own chain of callbacks

@@ -223,6 +223,34 @@ class Rendezvous:
     """Fires when the collective completes."""
 
 
+class Events(dict):
+    """A rank's op -> completion event, made when first waited for (``Calls._event_of``) or
+    fired (``fire_op``): most ops others wait for end before anyone waits, and then need no
+    event of their own. A collective's is its rendezvous event unless the compute walk times
+    it (``inline``)."""
+
+    def __init__(self, env: simpy.Environment, inline: dict | None, done: simpy.Event):
+        super().__init__()
+        self.env, self.inline, self.done = env, inline or {}, done
+
+
+def ended(env: simpy.Environment) -> simpy.Event:
+    """A processed event (what ``fire`` leaves of an event nobody waited for): stands for
+    every op that ended before anyone waited for it (``fire_op``)."""
+    ev = env.event()
+    ev._ok, ev._value, ev.callbacks = True, None, None
+    return ev
+
+
+def fire_op(evs: Events, i: int) -> None:
+    """Op ``i`` ended now: fire its event, or record it done when nobody waits for it yet."""
+    ev = evs.get(i)
+    if ev is None:
+        evs[i] = evs.done
+    else:
+        fire(ev)
+
+
 def fire(ev: simpy.Event) -> None:
     """Succeed ``ev`` now. An event nobody waits for yet is marked processed at once rather
     than queued (a step of the loop that would call no callback): a later waiter finds it

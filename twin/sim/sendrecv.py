@@ -6,7 +6,7 @@ Each step runs in the callback of the event it waited for, when a process would 
 from __future__ import annotations
 
 from twin.schedule.ir import Op
-from twin.sim.records import P2PPair, fire
+from twin.sim.records import P2PPair, fire_op
 
 
 class SendRecv:
@@ -87,7 +87,7 @@ class SendRecv:
         sim.end[self.rank][self.i] = sim.env.now
         sim.events += 2
         if self.i in self.external:
-            fire(self.evs[self.i])
+            fire_op(self.evs, self.i)
 
 
 def has_mirror(sim, rank: int, op: Op) -> bool:
