@@ -20,7 +20,8 @@ Run: python benchmarks/pass_times.py [JOB] [--build [--floor]] [--generic | --bo
   --p2p-alone: time every send/recv as if alone on its links (its latency, then its bytes at
        its uncontended rate: one timeout, no flow): NOT the twin's result; what the fabric's
        p2p flows cost the engine and how much their sharing moves the step
-  --events: count the SimPy events the engine schedules, by what scheduled them (slower)
+  --events: count the SimPy events the engine schedules, by what scheduled them, and the
+       plain events it makes (slower)
 
 Times each pass by wrapping its function (perf_counter, summed over calls): program building,
 the engine's event loop, the host plan, structure, walks, op tables, the fast-forward's cut
@@ -105,11 +106,15 @@ def instrument(times: dict) -> None:
 
 
 def count_events(counts: Counter) -> None:
-    """Count each SimPy timeout by the function and line that made it, and every other
-    scheduled event by its type."""
+    """Count each SimPy timeout by the function and line that made it, every other
+    scheduled event by its type, and the plain events made (``made``)."""
     from simpy.core import Environment
 
-    timeout, schedule = Environment.timeout, Environment.schedule
+    timeout, schedule, event = Environment.timeout, Environment.schedule, Environment.event
+
+    def made(self):
+        counts["made"] += 1
+        return event(self)
 
     def timed(self, delay=0, value=None):
         caller = sys._getframe(1)
@@ -121,7 +126,7 @@ def count_events(counts: Counter) -> None:
             counts[f"event {type(event).__name__}"] += 1
         return schedule(self, event, priority, delay)
 
-    Environment.timeout, Environment.schedule = timed, scheduled
+    Environment.timeout, Environment.schedule, Environment.event = timed, scheduled, made
 
 
 def stamp_placeholders() -> None:
@@ -224,6 +229,8 @@ def main() -> None:
     outside = wall - sum(v for k, v in times.items() if k not in inner)
     print(f"  {'rest':<16} {outside:7.2f} (spans for the trace, op tables' codes, conversions)")
     if counts:
+        made = counts.pop("made", 0)
+        print(f"events made (Environment.event): {made:,}")
         print(f"events scheduled: {sum(counts.values()):,}")
         for what, n in counts.most_common(12):
             print(f"  {n:>9,} {what}")

@@ -13,6 +13,7 @@ from twin.cost import CostModel, KernelCost, LinkCost, ring_allreduce_time, tree
 from twin.schedule.ir import Op, Program
 from twin.sim.engine import SimOptions, Simulation, fold_classes
 from twin.sim.fabric import Fabric
+from twin.sim.records import Events, ended, fire_op
 from twin.sim.run import simulate
 from twin.spec import (
     ClusterSpec,
@@ -96,6 +97,44 @@ def test_two_transfers_sharing_a_link_each_take_twice_as_long():
     env2.run()
     assert ends["alone"] == pytest.approx(5.0)
     assert ends["a"] == ends["b"] == pytest.approx(10.0)
+
+
+def test_a_flow_given_then_calls_it_when_it_has_moved_and_no_event_fires():
+    """Fabric.transfer(then=...): the callback runs at the flow's end, after the fabric has
+    re-rated the flows left (the 30-unit flow speeds up once the 10-unit one is done: 10 at
+    half the link, then 20 alone, 2 + 2 = 4 s); nothing to move returns False."""
+    env = simpy.Environment()
+    fab = Fabric(env, {"link": 10.0})
+    ends, rates = {}, {}
+
+    def then(name, other=None):
+        def called():
+            ends[name] = env.now
+            if other is not None:
+                rates[other] = next(iter(fab.flows_on["link"])).rate  # re-rated already
+        return called
+
+    assert fab.transfer(("link",), 10.0, then=then("short", "long")) is True
+    assert fab.transfer(("link",), 30.0, then=then("long")) is True
+    assert fab.transfer(("link",), 0.0, then=then("empty")) is False
+    env.run()
+    assert ends == {"short": pytest.approx(2.0), "long": pytest.approx(4.0)}
+    assert rates == {"long": 10.0}
+
+
+def test_an_op_that_ends_before_anyone_waits_gets_no_event_of_its_own():
+    """records.Events: fire_op records an op nobody waits for as done (the one processed
+    event), which a later waiter finds done; an op waited for gets its own event, fired."""
+    env = simpy.Environment()
+    evs = Events(env, None, ended(env))
+    fire_op(evs, 3)
+    assert evs[3] is evs.done and evs[3].processed and evs[3].triggered
+    ev = evs[4] = env.event()
+    hits = []
+    ev.callbacks.append(lambda _e: hits.append(env.now))
+    env.timeout(2.0).callbacks.append(lambda _e: fire_op(evs, 4))
+    env.run()
+    assert hits == [2.0] and evs[4] is ev and ev.processed
 
 
 def test_dp_all_reduce_on_a_nic_slows_a_pp_send_on_the_same_nic():
