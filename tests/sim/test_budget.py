@@ -108,6 +108,25 @@ def test_setup_reports_progress():
     assert {"folding ranks", "building programs", "setting up step 1/1"} <= set(seen)
 
 
+def test_every_stage_of_a_fast_forwarded_step_is_reported_in_order():
+    """After the engine has run, the stages without a count (total None) say what the step
+    is doing: the steady state, the periods added, the critical path, the spans."""
+    seen = []
+    job = _job(pp=2, global_batch_size=32)
+    res = simulate(job, progress=lambda done, total, what: seen.append((what, done, total)))
+    assert res.summary["fast_forward"] is not None
+    stages = list(dict.fromkeys(what for what, *_ in seen))
+    n, ranks = res.summary["fast_forward"]["periods"], len(res.trace.meta["recorded_ranks"])
+    counted = ["folding ranks", "building programs", "preparing step 1/1"]
+    stages_only = ["setting up step 1/1", "finding the steady state of step 1/1",
+                   f"adding {n} steady period(s) to step 1/1", "critical path of step 1/1",
+                   f"recording the spans of {ranks} rank(s)"]
+    want = counted[:2] + stages_only[:1] + counted[2:] + stages_only[1:]
+    assert [s for s in stages if s in want] == want  # (simulating: every 4,096 ops of a stream)
+    assert all(total is None for what, _, total in seen if what in stages_only)
+    assert all(total > 0 and 0 <= done <= total for what, done, total in seen if what in counted)
+
+
 def test_the_budget_is_a_parameter_of_the_check(monkeypatch):
     job = _job()
     need = estimate_work(job).units

@@ -104,6 +104,8 @@ class Simulation(Calls):
         self.on_progress: Callable[[int], None] | None = None
         """(ops_done): every 4,096 ops of a stream, after planning a collective over 1,024+
         ranks."""
+        self.on_setup: Callable[[int, int], None] | None = None
+        """(ranks prepared, ranks): after each rank's walks before the run."""
 
     # -- helpers ------------------------------------------------------------------------
     def _noise(self, cv: float) -> float:
@@ -348,9 +350,9 @@ class Simulation(Calls):
         try:
             return self._run()
         except Contended:
-            progress, structures = self.on_progress, self._structures
+            progress, setup, structures = self.on_progress, self.on_setup, self._structures
             self.__init__(self.job, self.programs, self.cost, self.opt, self.classes)
-            self.inline_private, self.on_progress = False, progress
+            self.inline_private, self.on_progress, self.on_setup = False, progress, setup
             self._structures = structures
             return self._run()
 
@@ -360,7 +362,9 @@ class Simulation(Calls):
                                           or self.core_share or self.opt.degraded)
         self.inliner = Inliner.of(self.flows, self.fabric, self.simulated, on)
         done = ended(self.env)
-        for rank, prog in self.programs.items():
+        for k, (rank, prog) in enumerate(self.programs.items()):
+            if self.on_setup:
+                self.on_setup(k, len(self.programs))
             st = self._structure(rank, prog)
             ops = prog.ops
             walk, inline = walk_of(self.inliner, self._walks, rank, prog, st)

@@ -191,8 +191,9 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
     rank's spans, ``auto`` what the report draws by default, ``none`` nothing; None (the
     default): full unless that is past MAX_TRACE_SPANS spans, then auto. The summary covers
     every simulated rank whatever the trace holds. ``progress(done, total, what)`` reports
-    folding, building and simulating. What-ifs that cannot apply to ``job`` (a link its
-    topology lacks, a straggler outside the world) raise ConfigError
+    folding, building, preparing and simulating, and with ``total`` None the stages that have
+    no count (the steady state, the critical path, the spans). What-ifs that cannot apply to
+    ``job`` (a link its topology lacks, a straggler outside the world) raise ConfigError
     (twin.sim.whatif.check_options), as does a job past the work budget (check_budget); a
     degraded link no flow crossed warns once (twin.sim.whatif.warn_idle_links)."""
     t0 = time.perf_counter()
@@ -219,8 +220,7 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
         else:
             stepper.label = f"step {k + 1}/{steps}"
             if progress:
-                stepper.on_engine = lambda sim, k=k: setattr(sim, "on_progress", _reporter(
-                    progress, sim, f"simulating step {k + 1}/{steps}"))
+                stepper.on_engine = lambda sim, k=k: _report(progress, sim, f"step {k + 1}/{steps}")
             run = stepper.step(k)
             events += run.events
             stats[k] = step_figures(run.lines, offset)
@@ -231,6 +231,8 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
             shaped = run.path.shape_factor_s(cost, job.cluster.gpu)
             record = _recorded(job, run, trace, steps)
         run.sim = None  # the engine's state: done with (its arrays live on in the timelines)
+        if progress and record:
+            progress(0, None, f"recording the spans of {len(record)} rank(s)")
         with quiet_gc():  # a collection among the new spans would walk every live op
             for r in record:
                 spans.extend(rank_spans(r, run.programs[r].ops, run.lines[r], k, offset,
@@ -262,9 +264,19 @@ def simulate(job: Job, cost: CostModel | None = None, options: SimOptions | None
     return SimResult(out, summary)
 
 
-def _reporter(progress, sim, what: str):
-    total = sum(len(p.ops) for p in sim.programs.values())
-    return lambda done: progress(done, total, what)
+def _report(progress, sim, step: str) -> None:
+    """Have engine ``sim`` report its ranks' setup and the ops it has simulated (of those its
+    stream processes walk: not the sends and recvs, each its own chain, nor memory ops)."""
+    total = []
+
+    def simulated(done: int) -> None:
+        if not total:  # the ranks' streams are known once the run has started
+            total.append(sum(len(idx) for r in sim.programs
+                             for s, idx in sim.structure_of(r).streams.items() if s != "p2p"))
+        progress(done, total[0], f"simulating {step}")
+
+    sim.on_setup = lambda done, ranks: progress(done, ranks, f"preparing {step}")
+    sim.on_progress = simulated
 
 
 def _recorded(job: Job, run: StepRun, trace: str | None, steps: int) -> list[int]:

@@ -100,7 +100,7 @@ class Stepper:
             out = {}
             for k, r in enumerate(sorted(self.classes)):
                 out[r] = schedule.program(r)
-                if self.progress and not k % 64:
+                if self.progress:
                     self.progress(k + 1, len(self.classes), "building programs")
             self._programs = {m: out}  # one job's programs at a time
             self._tables = {}  # (and their tables: the old ops lists go with them)
@@ -120,7 +120,7 @@ class Stepper:
     def _engine(self, job: Job, options: SimOptions) -> Simulation:
         programs = self.programs(job)
         if self.progress:  # the fabric's resources: one pass over every rank
-            self.progress(0, 1, f"setting up {self.label}")
+            self.progress(0, None, f"setting up {self.label}")
         sim = Simulation(job, programs, self.cost, options, self.classes)
         if self.on_engine:
             self.on_engine(sim)
@@ -144,6 +144,7 @@ class Stepper:
                 tried.add(m_r)
                 sim = self._engine(reduced_job(self.job, m_r), options)
                 events += sim.events + sim.fabric.flows_done
+                self._say(f"finding the steady state of {self.label}")
                 for period in (j * d for j in range(1, MULTIPLES + 1)):
                     found = find_cut(sim, period, lambda r, sim=sim: sim.structure_of(r).host)
                     if found is not None:
@@ -155,20 +156,28 @@ class Stepper:
             lines = {r: Timeline(self.table(p), np.arange(len(p.ops)), sim.start[r], sim.end[r])
                      for r, p in sim.programs.items()}
             step = max((float(e.max()) for e in sim.end.values() if len(e)), default=0.0)
+            self._say(f"critical path of {self.label}")
             path = critical_path(sim, self._p2p_latency_s())
             return StepRun(sim.programs, lines, None, step, path, events,
                            sum(len(p.ops) for p in sim.programs.values()), sim,
                            simulated_microbatches=m)
 
+    def _say(self, what: str) -> None:
+        """Report a stage of the step that has no count of its own."""
+        if self.progress:
+            self.progress(0, None, what)
+
     def _p2p_latency_s(self) -> float:
         return (self.cost.p2p_latency_us or 0.0) * 1e-6
 
     def _forwarded(self, sim: Simulation, cut: Cut, events: int, m_r: int) -> StepRun:
+        self._say(f"adding {cut.periods} steady period(s) to {self.label}")
         lines, moved = {}, {}
         for r, p in sim.programs.items():
             lines[r], moved[r] = expand(self.table(p), sim.start[r], sim.end[r], cut)
         reduced = max(float(e.max()) for e in sim.end.values() if len(e))
         window = (cut.cut_s - cut.period_s, cut.cut_s)
+        self._say(f"critical path of {self.label}")
         path = critical_path(sim, self._p2p_latency_s(), window)
         exact = path.period.exact
         path = path.plus(path.period.path, cut.periods)
