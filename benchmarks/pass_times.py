@@ -2,7 +2,7 @@
 torchtitan's 405B with async TP.
 
 Run: python benchmarks/pass_times.py [JOB] [--build [--floor]] [--generic | --bodies-only]
-                                       [--events] [--p2p-alone]
+                                       [--events] [--calls] [--p2p-alone]
   JOB: a row of benchmarks/bench_twin.py (a-g; default e), or asynctp405b: Llama 3.1 405B on
        512 H100s as benchmarks/long_context.py's B405 (FSDP 8 x TP 8 x PP 8, compile + FP8,
        async TP) with its 15/16x6/15 split, global batch 256 of micro-batch 1 (32
@@ -22,6 +22,9 @@ Run: python benchmarks/pass_times.py [JOB] [--build [--floor]] [--generic | --bo
        p2p flows cost the engine and how much their sharing moves the step
   --events: count the SimPy events the engine schedules, by what scheduled them, and the
        plain events it makes (slower)
+  --calls: count the Python function calls of the whole ``simulate`` (cProfile; about twice
+       as slow, so its pass times mean nothing): a measure of the work done that this host's
+       noise does not move, the same in every run of the same code
 
 Times each pass by wrapping its function (perf_counter, summed over calls): program building,
 the engine's event loop, the host plan, structure, walks, op tables, the fast-forward's cut
@@ -187,6 +190,7 @@ def main() -> None:
     ap.add_argument("--generic", action="store_true")
     ap.add_argument("--bodies-only", action="store_true")
     ap.add_argument("--events", action="store_true")
+    ap.add_argument("--calls", action="store_true")
     ap.add_argument("--p2p-alone", action="store_true")
     args = ap.parse_args()
     if args.generic:
@@ -212,9 +216,23 @@ def main() -> None:
         p2p_alone()
     from twin.sim.run import simulate
 
+    profile = None
+    if args.calls:
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     t0 = time.perf_counter()
     res = simulate(job, cost, options, trace=trace)
     wall = time.perf_counter() - t0
+    if profile is not None:
+        import io
+        import pstats
+
+        profile.disable()
+        calls = pstats.Stats(profile, stream=io.StringIO()).total_calls
+        print(f"Python function calls in simulate: {calls:,} (under cProfile: times below "
+              "are inflated)")
     s = res.summary
     ff = s["fast_forward"]
     print(f"{args.job}: wall {wall:.2f} s, step {s['step_time_s']:.6f} s, {s['ops']:,} ops, "
