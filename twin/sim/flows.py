@@ -64,6 +64,7 @@ class FlowPlanner:
         self._memo: dict[tuple, Planned] = {}
         self._fits: dict[tuple, dict | None] = {}
         self._uneven: dict[tuple, tuple] = {}  # (group, op name) -> its memo key
+        self._sized: dict[tuple, tuple] = {}  # (p2p memo key, bytes) -> p2p's answer
         self.callers: dict[tuple, set[tuple[int, str]]] = {}
         """Memo key -> the (rank, stream) pairs that call it ("p2p" and "all_to_all" stand
         for transfers that may overlap): filled by ``prepare`` (twin/sim/private.py)."""
@@ -170,8 +171,12 @@ class FlowPlanner:
         self._memo[key] = self._fit("all_to_all", group, [bundle], [lat], role)
 
     def p2p(self, src: int, dst: int, nbytes: float) -> tuple[Bundle | None, float]:
-        """(bundle, latency before it) of one send/recv from ``src`` to ``dst``."""
+        """(bundle, latency before it) of one send/recv from ``src`` to ``dst`` (kept per
+        size once planned: a pipeline sends one size between two stages thousands of times)."""
         key = ("p", src, dst)
+        hit = self._sized.get((key, nbytes))
+        if hit is not None:
+            return hit
         plan = self._memo.get(key)
         if plan is None:
             self._unplanned(key)
@@ -186,7 +191,10 @@ class FlowPlanner:
             else:
                 lat = self.topo.alpha(src, dst)
             plan = self._memo[key] = Planned(fitted.bundles, (lat,), 0.0)
-        return plan.scaled(nbytes)[0], plan.latencies_s[0]
+        out = plan.scaled(nbytes)[0], plan.latencies_s[0]
+        if self._merged:  # (prepare merges the resources: the bundles planned before change)
+            self._sized[(key, nbytes)] = out
+        return out
 
     # -- planning ---------------------------------------------------------------------------
     def _unplanned(self, key: tuple) -> None:
