@@ -203,33 +203,35 @@ def run(cfg) -> dict:
     check_options(job, resolved, cost)
     out = rundir.claim(out_dir_of(cfg), "simulate", bool(cfg.get("force", False)))
     bar = Progress("paratwin simulate")
-    result = simulate(job, cost, options, steps=steps, progress=bar.update, trace=level)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    trace, result.trace = result.trace, None  # held once: saved, then handed to the report
-    chrome = rundir.chrome_path(out)
-    if level == "none":  # an earlier run's trace would pass for this one's: remove it
-        for path, kind in ((out / rundir.TRACE, "trace"), (chrome, "chrome")):
-            if path.is_file() and rundir.is_kind(path, kind):
-                path.unlink()
-    else:
-        bar.update(0, None, f"writing {rundir.TRACE}")
-        trace.save(out / rundir.TRACE)
-        if not cfg.get("report", True):
-            bar.update(0, None, f"writing {chrome.name}")
-            write_chrome(trace, chrome)
-    held = {out: trace.as_saved()} if level != "none" and cfg.get("report", True) else {}
-    del trace
-    summary = dict(result.summary, out_dir=str(out))
-    write_json_atomic(out / "summary.json", summary)
-    if cfg.get("report", True):
-        from twin.report import write_report
+    try:  # the line ends before anything else is printed, an error included
+        result = simulate(job, cost, options, steps=steps, progress=bar.update, trace=level)
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        trace, result.trace = result.trace, None  # held once: saved, then handed to the report
+        chrome = rundir.chrome_path(out)
+        if level == "none":  # an earlier run's trace would pass for this one's: remove it
+            for path, kind in ((out / rundir.TRACE, "trace"), (chrome, "chrome")):
+                if path.is_file() and rundir.is_kind(path, kind):
+                    path.unlink()
+        else:
+            bar.update(0, None, f"writing {rundir.TRACE}")
+            trace.save(out / rundir.TRACE)
+            if not cfg.get("report", True):
+                bar.update(0, None, f"writing {chrome.name}")
+                write_chrome(trace, chrome)
+        held = {out: trace.as_saved()} if level != "none" and cfg.get("report", True) else {}
+        del trace
+        summary = dict(result.summary, out_dir=str(out))
+        write_json_atomic(out / "summary.json", summary)
+        if cfg.get("report", True):
+            from twin.report import write_report
 
-        # report.html and the Chrome export trace.json (memory counters), from the trace in
-        # memory: reading back the spans.json just written took as long as writing it
-        bar.update(0, None, f"writing the report and {chrome.name}")
-        write_report([out], traces=held)
-    del held
-    bar.close()
+            # report.html and the Chrome export trace.json (memory counters), from the trace in
+            # memory: reading back the spans.json just written took as long as writing it
+            bar.update(0, None, f"writing the report and {chrome.name}")
+            write_report([out], traces=held)
+        del held
+    finally:
+        bar.close()
     print(json.dumps(summary, indent=2) if fmt == "json"
           else format_summary(job, summary, out, chrome.name))
     return summary

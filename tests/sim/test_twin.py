@@ -126,7 +126,7 @@ def test_an_op_that_ends_before_anyone_waits_gets_no_event_of_its_own():
     """records.Events: fire_op records an op nobody waits for as done (the one processed
     event), which a later waiter finds done; an op waited for gets its own event, fired."""
     env = simpy.Environment()
-    evs = Events(env, None, ended(env))
+    evs = Events(None, ended(env))
     fire_op(evs, 3)
     assert evs[3] is evs.done and evs[3].processed and evs[3].triggered
     ev = evs[4] = env.event()

@@ -368,7 +368,7 @@ class Simulation(Calls):
             st = self._structure(rank, prog)
             ops = prog.ops
             walk, inline = walk_of(self.inliner, self._walks, rank, prog, st)
-            evs = Events(self.env, inline, done)
+            evs = Events(inline, done)
             self._synced[rank] = {}
             for s, idx in walk.walks.items():
                 if s == "p2p":  # each its own chain of callbacks

@@ -192,7 +192,7 @@ class FlowPlanner:
                 lat = self.topo.alpha(src, dst)
             plan = self._memo[key] = Planned(fitted.bundles, (lat,), 0.0)
         out = plan.scaled(nbytes)[0], plan.latencies_s[0]
-        if self._merged:  # (prepare merges the resources: the bundles planned before change)
+        if self._merged:  # (a bundle planned before prepare's merge names unmerged links)
             self._sized[(key, nbytes)] = out
         return out
 

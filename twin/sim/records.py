@@ -229,9 +229,9 @@ class Events(dict):
     event of their own. A collective's is its rendezvous event unless the compute walk times
     it (``inline``)."""
 
-    def __init__(self, env: simpy.Environment, inline: dict | None, done: simpy.Event):
+    def __init__(self, inline: dict | None, done: simpy.Event):
         super().__init__()
-        self.env, self.inline, self.done = env, inline or {}, done
+        self.inline, self.done = inline or {}, done
 
 
 def ended(env: simpy.Environment) -> simpy.Event:

@@ -103,7 +103,8 @@ def has_mirror(sim, rank: int, op: Op) -> bool:
 
 def transfer(sim, src: int, dst: int, op: Op, waiters: list) -> None:
     """A pair's transfer by callbacks: its latency, then its flow, then ``waiters`` are
-    called (by the flow's event, or at once when nothing moves)."""
+    called (by the fabric when the flow has moved, Fabric.transfer's ``then``, or at once
+    when nothing moves)."""
     bundle, lat = sim.flows.p2p(src, dst, op.bytes)
 
     def moved() -> None:

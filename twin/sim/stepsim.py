@@ -119,8 +119,7 @@ class Stepper:
 
     def _engine(self, job: Job, options: SimOptions) -> Simulation:
         programs = self.programs(job)
-        if self.progress:  # the fabric's resources: one pass over every rank
-            self.progress(0, None, f"setting up {self.label}")
+        self._say(f"setting up {self.label}")  # the fabric's resources: a pass over every rank
         sim = Simulation(job, programs, self.cost, options, self.classes)
         if self.on_engine:
             self.on_engine(sim)
