@@ -159,15 +159,15 @@ def p2p_alone() -> None:
 
 def build_only(job) -> None:
     """Build one rank per stage with each micro-batch count the stepper may simulate: its
-    reduced runs (PERIODS steady periods, then twice as many; two when that would be more
-    than half) and the full job."""
+    reduced runs (SHORT steady periods, PERIODS, then twice as many; two when that would be
+    more than half) and the full job."""
     from twin.schedule.actions import ActionTemplate
     from twin.schedule.builder import build_schedule
     from twin.schedule.stamp import Template
-    from twin.sim.fastforward import PERIODS, reduced_job, reduced_microbatches
+    from twin.sim.fastforward import PERIODS, SHORT, reduced_job, reduced_microbatches
 
     m = job.parallel.num_microbatches
-    counts = {reduced_microbatches(job, k) for k in (2, PERIODS, 2 * PERIODS)}
+    counts = {reduced_microbatches(job, k) for k in (SHORT, 2, PERIODS, 2 * PERIODS)}
     gc.disable()  # as the simulator builds them (twin.sim.stepsim.quiet_gc)
     for m_r in sorted({c for c in counts if 2 * c <= m} | {m}):
         j = reduced_job(job, m_r)

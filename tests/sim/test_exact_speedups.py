@@ -13,8 +13,9 @@ from tests.conftest import gpt
 from twin.metrics import summarize
 from twin.schedule.builder import build_schedule
 from twin.schedule.names import moved
+from twin.sim import fastforward
 from twin.sim.engine import SimOptions, Simulation, fold_classes
-from twin.sim.fastforward import find_cut, reduced_job, reduced_microbatches
+from twin.sim.fastforward import SHORT, find_cut, reduced_job, reduced_microbatches
 from twin.sim.records import auto_fold, exact_axes
 from twin.sim.run import simulate
 from twin.spec import ClusterSpec, GPUSpec, InterNodeSpec, ParallelPlan, build_job
@@ -47,6 +48,10 @@ PLANS = {
     "1f1b": (dict(pp=4, global_batch_size=48), (2, 4, 4), True),
     "interleaved": (dict(pp=2, pp_schedule="interleaved", pp_virtual_stages=2,
                          global_batch_size=96), (2, 4, 4), True),
+    # the first reduced run (12 of 32 micro-batches) holds 1.75 periods: too few for a window
+    # and its copies, cut where its state repeats
+    "interleaved, a short run": (dict(pp=4, pp_schedule="interleaved", pp_virtual_stages=2,
+                                      global_batch_size=64), (2, 4, 4), True),
     "3d": (dict(tp=2, pp=2, sp=True, global_batch_size=128), (2, 4, 2), True),
     "3d + zero1, full recompute": (dict(tp=2, pp=2, zero_stage=1, recompute="full",
                                         global_batch_size=128), (2, 4, 4), True),
@@ -84,7 +89,8 @@ def test_folded_and_fast_forwarded_steps_equal_the_full_simulation(name):
         assert fast["exposed_comm_s"][group] == pytest.approx(value, rel=1e-6, abs=1e-12)
 
 
-@pytest.mark.parametrize("name", ["1f1b", "interleaved", "3d + zero1, full recompute",
+@pytest.mark.parametrize("name", ["1f1b", "interleaved", "interleaved, a short run",
+                                  "3d + zero1, full recompute",
                                   "fsdp under pp, unsharded"])
 def test_a_fast_forwarded_trace_is_the_full_runs_span_for_span(name):
     plan, shape, _ = PLANS[name]
@@ -153,8 +159,8 @@ def test_the_same_op_later_names_every_micro_batch_later():
     assert moved("bwd/mb6/L3/free.gathered.3.fwd.mb11", 1) == "bwd/mb7/L3/free.gathered.3.fwd.mb12"
 
 
-def _reduced_run(job):
-    small = reduced_job(job, reduced_microbatches(job, 4))
+def _reduced_run(job, periods: float = 4):
+    small = reduced_job(job, reduced_microbatches(job, periods))
     classes = fold_classes(small, "all")
     schedule = build_schedule(small)
     sim = Simulation(small, {r: schedule.program(r) for r in classes}, _cost(small),
@@ -195,3 +201,40 @@ def test_a_reduced_run_too_short_to_hold_a_period_is_not_tried():
     whole = simulate(job, options=SimOptions(fold="auto", fast_forward=False), trace="none").summary
     assert fast["fast_forward"] is None and fast["events"] == whole["events"]
     assert fast["step_time_s"] == whole["step_time_s"]
+
+
+def test_a_run_too_short_for_a_window_is_cut_where_its_state_repeats():
+    job = _job(PLANS["interleaved, a short run"][0], 2, 4, 4)
+    assert (job.parallel.num_microbatches, reduced_microbatches(job, SHORT)) == (32, 12)
+    sim = _reduced_run(job, SHORT)
+    d = job.parallel.pp
+    lines, cps, copies = fastforward.run_lines(sim, d)
+    step = max(float(e.max()) for _, e in lines.values())
+    cut, period = find_cut(sim, d)
+    bad = fastforward._bad_intervals(lines, cps, period, 1e-9 * step)
+    assert fastforward._window(lines, cps, bad, period, 1e-9 * step, None) is None
+    a = cut - period  # the state at a is the state at the cut, every op a period on
+    lo = max(e for e in bad[1] if e < a)
+
+    def repeats():
+        return fastforward._state_repeats(lines, cps, copies, a, period, lo, 1e-9 * step, None)
+
+    assert repeats()
+    fast = simulate(job, options=FAST, trace="none").summary
+    assert fast["fast_forward"]["simulated_microbatches"] == 12
+    # an op of the first period still running at the cut: nothing before a stands for it
+    rank = min(lines)
+    s, e = lines[rank]
+    c = cps[rank]
+    head = next(i for i in range(len(s)) if not copies[rank][i] and c[i] >= 0 and e[i] > a)
+    old = e[head]
+    e[head] = cut + period / 100
+    assert not repeats()
+    e[head] = old
+    assert repeats()
+    # an op in flight at a whose counterpart ends a microsecond late: no state with it in
+    # flight repeats
+    i = next(i for i in range(len(s)) if s[i] < a < e[i] and c[i] >= 0)
+    e[c[i]] += 1e-6
+    found = find_cut(sim, d)
+    assert found is None or not s[i] < found[0] - found[1] < e[i]

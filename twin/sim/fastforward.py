@@ -6,24 +6,31 @@ steady state of one forward and one backward per micro-batch, and a cool-down; t
 interleaved schedule's steady state repeats every p micro-batches (p * v forward/backward
 pairs: the first stage's embedding and the last stage's head come round once per cycle of
 chunks; on some pipelines only every 2p). With m micro-batches the step is the warm-up,
-(m - m') / d periods more than the run with m' micro-batches, and the same cool-down. So the
-job is simulated with m' micro-batches (the warm-up, a few periods, the cool-down:
-``reduced_microbatches``), and the run is checked for a period of d (then 2d) micro-batches:
+(m - m') / d periods more than the run with m' micro-batches, and the same cool-down. So
+the job is simulated with m' micro-batches (the warm-up, a period or a few, the cool-down:
+``reduced_microbatches``), and the run is checked for a period of d (then 2d)
+micro-batches, two ways (``find_cut``):
 
-- every op that starts or runs in the period before the cut (and a little more), on every
-  simulated rank, has its counterpart (the same op d micro-batches later: its name with the
-  micro-batch moved) start and end exactly T later: the state repeats (the same ops in
-  flight, the same link loads, so the same times after); the cut lies where no op starts,
-  so rounding puts no op on the wrong side of it or of the window's start T before;
-- no op outside the window has its counterpart across the cut (each op's chain of copies
-  passes the cut through the window);
-- the host issues a period's ops in at most T (else it would fall behind the device over
-  the periods inserted).
+- a window that repeats (``_window``): every op that starts or runs in the period before
+  the cut (and a little more), on every simulated rank, has its counterpart (the same op d
+  micro-batches later: its name with the micro-batch moved) start and end exactly T later,
+  and no op outside the window has its counterpart across the cut (each op's chain of
+  copies passes the cut through the window); the cut lies where no op starts, so rounding
+  puts no op on the wrong side of it or of the window's start T before. The run must hold
+  2.1 steady periods;
+- a state that repeats (``_snapshot``, ``_state_repeats``): at an instant a, which ops have
+  started, ended and are in flight is what it is at a + T with every op moved by a
+  period, and the history the ops in flight depend on (the flows that shared their links,
+  the host's last waits) repeats too; the engine being deterministic, the run from a + T
+  does what it did from a, and so would the full job for each period it has more. The
+  run must hold a period and that history (1.5 steady periods are simulated first);
 
-Then the full step is the reduced run up to the cut, the window's ops repeated n = (m - m')
-/ d times T apart (micro-batches renamed), and the rest of the reduced run n * T later
-(``expand``). When the check fails the reduced run is lengthened once
-(twin/sim/stepsim.py), and past half the micro-batches the full job is simulated instead.
+and in both the host issues a period's ops in at most T (else it would fall behind the
+device over the periods inserted). Then the full step is the reduced run up to the cut, the
+window's ops (the period before the cut) repeated n = (m - m') / d times T apart
+(micro-batches renamed), and the rest of the reduced run n * T later (``expand``). When no
+period is found the reduced run is lengthened (twin/sim/stepsim.py), and past half the
+micro-batches the full job is simulated instead.
 Exact when the check passes: nothing is approximated, whole periods are added. Off with
 jitter (no two periods are alike) and with what-ifs; not tried for GPipe (two steady
 phases, forwards then backwards) or a single micro-batch per step.
@@ -42,8 +49,14 @@ from twin.schedule.names import moved
 from twin.sim.stats import OpTable, Timeline
 from twin.spec import Job
 
+SHORT = 1.5
+"""Steady periods of d micro-batches the first reduced run holds: enough for a state that
+repeats (``_snapshot``), not for a window and its copies (2.1 periods)."""
 PERIODS = 4
-"""Steady periods of d micro-batches the first reduced run holds."""
+"""Steady periods of the reduced run tried next (a steady state that had not settled in
+the first, or whose history is longer than a period allows), then twice as many; past
+that the periods do not repeat (two data-parallel replicas whose links differ each keep
+their own period) and the full job is simulated."""
 MULTIPLES = 2
 """The steady state may repeat every d or every 2d micro-batches: the interleaved schedule's
 steady state alternates between two cycles of chunks on some pipelines (found on p = 8, v = 2
@@ -65,21 +78,21 @@ def period_microbatches(job: Job) -> int | None:
     return p.pp if p.pp_schedule == "interleaved" and p.pp > 1 else 1
 
 
-def reduced_microbatches(job: Job, periods: int) -> int:
+def reduced_microbatches(job: Job, periods: float) -> int:
     """m': the fewest micro-batches whose run holds ``periods`` steady periods of d
     micro-batches on every stage (the first stage warms up longest), a multiple of d, and
-    m - m' a multiple of ``MULTIPLES`` periods (so that any period found fits whole)."""
+    m - m' a multiple of d (a period of 2d is looked for only where it fits whole)."""
     p = job.parallel
     d = period_microbatches(job) or 1
-    if p.pp == 1:  # the window (1.1 periods) and its copies a period later reach into three
-        m_r = max(periods, 3)  # micro-batches: two never hold a period
+    if p.pp == 1:  # the steady state's copies need a micro-batch before the last (which
+        m_r = max(math.ceil(periods), 3)  # alone syncs gradients): two never hold a period
     elif p.pp_schedule == "interleaved":
         v = p.pp_virtual_stages
         warm = 2 * (p.pp - 1) + (v - 1) * p.pp  # virtual micro-batches (pipeline.interleaved)
         m_r = d * math.ceil((warm + periods * d * v) / (d * v))
     else:
-        m_r = p.pp - 1 + periods
-    while (p.num_microbatches - m_r) % (MULTIPLES * d):
+        m_r = p.pp - 1 + math.ceil(periods)
+    while (p.num_microbatches - m_r) % d:
         m_r += d
     return m_r
 
@@ -188,17 +201,29 @@ def _bad_intervals(lines, cps, period: float, tol: float):
     return s[order], np.maximum.accumulate(e[order]) if len(e) else e
 
 
-def find_cut(sim, d: int, host_of=None) -> tuple[float, float] | None:
-    """(cut, T) of a finished reduced ``sim`` whose steady state repeats (module docstring),
-    or None. ``host_of(rank)``: the rank's HostPlan (None: the host never holds ops back)."""
-    cps, lines = {}, {}
-    memo: dict[int, np.ndarray] = {}
+def run_lines(sim, d: int) -> tuple[dict, dict, dict]:
+    """Per simulated rank of a finished ``sim``: (starts, ends), each op's counterpart d
+    micro-batches later (-1: none) and whether it is another op's counterpart."""
+    cps, lines, copies = {}, {}, {}
+    memo: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for r, prog in sim.programs.items():
         key = id(prog.ops) if prog.template is None else prog.template
         if key not in memo:
-            memo[key] = counterparts(prog.ops, d, sim.job.parallel.num_microbatches, prog.blocks)
-        cps[r] = memo[key]
+            c = counterparts(prog.ops, d, sim.job.parallel.num_microbatches, prog.blocks)
+            copy = np.zeros(len(c), dtype=bool)
+            copy[c[c >= 0]] = True
+            memo[key] = c, copy
+        cps[r], copies[r] = memo[key]
         lines[r] = (sim.start[r], sim.end[r])
+    return lines, cps, copies
+
+
+def find_cut(sim, d: int, host_of=None) -> tuple[float, float] | None:
+    """(cut, T) of a finished reduced ``sim`` whose steady state repeats (module docstring),
+    or None. ``host_of(rank)``: the rank's HostPlan (None: the host never holds ops back).
+    A period is looked for by a window that repeats (``_window``), else by a state that
+    repeats (``_snapshot``: a shorter run suffices)."""
+    lines, cps, copies = run_lines(sim, d)
     step = max(float(e.max()) for _, e in lines.values() if len(e))
     tol = TOLERANCE * step
     tried: set[float] = set()
@@ -208,41 +233,128 @@ def find_cut(sim, d: int, host_of=None) -> tuple[float, float] | None:
         if not len(valid):
             continue
         mid = valid[np.argsort(s[valid])[len(valid) // 2]]
-        period = float(s[c[mid]] - s[mid])
-        if period <= tol or any(abs(period - t) <= tol for t in tried):
-            continue
-        tried.add(period)
-        found = _window(lines, cps, period, tol, host_of)
-        if found is not None:
-            return found
+        gaps = s[c[valid]] - s[valid]  # the commonest gap: the period where a run is short
+        _, inverse, counts = np.unique(np.round(gaps / tol), return_inverse=True,
+                                       return_counts=True)
+        common = gaps[np.flatnonzero(inverse == np.argmax(counts))]
+        for period in (float(s[c[mid]] - s[mid]), float(np.median(common))):
+            if period <= tol or any(abs(period - t) <= 2 * tol for t in tried):
+                continue
+            tried.add(period)
+            bad = _bad_intervals(lines, cps, period, tol)
+            found = _window(lines, cps, bad, period, tol, host_of) \
+                or _snapshot(lines, cps, copies, bad, period, tol, host_of)
+            if found is not None:
+                return found
     return None
 
 
-def _window(lines, cps, period: float, tol: float, host_of) -> tuple[float, float] | None:
-    bs, be = _bad_intervals(lines, cps, period, tol)
-    # gaps between the merged bad intervals: from each one's end to the next one's start
-    gap_lo = np.concatenate([[-np.inf], be])
-    gap_hi = np.concatenate([bs, [np.inf]])
-    length = gap_hi - gap_lo
-    for k in np.argsort(-length):
-        if length[k] < WINDOW * period:
+def _gaps(bad):
+    """(lo, hi) of the stretches between the merged intervals ``bad`` ((starts, running
+    ends) as ``_bad_intervals`` gives them), longest first; the first and the last are
+    open (-inf, inf)."""
+    bs, be = bad
+    lo = np.concatenate([[-np.inf], be])
+    hi = np.concatenate([bs, [np.inf]])
+    order = np.argsort(-(hi - lo))
+    return lo[order], hi[order]
+
+
+def _window(lines, cps, bad, period: float, tol: float, host_of) -> tuple[float, float] | None:
+    for lo, hi in zip(*_gaps(bad)):
+        if hi - lo < WINDOW * period:
             return None
-        end = float(gap_hi[k])
-        if not math.isfinite(end) or not math.isfinite(gap_lo[k]):
+        end = float(hi)
+        if not math.isfinite(end) or not math.isfinite(lo):
             continue  # no bad op before or after: not a steady state between warm-up and cool-down
-        lo = max(end - period, float(gap_lo[k]) + (1 + WINDOW) / 2 * period)
+        lo = max(end - period, float(lo) + (1 + WINDOW) / 2 * period)
         cut = _quiet_instant(lines, lo, end)
         if _crossings_ok(lines, cps, cut, period, tol, host_of):
             return cut, period
     return None
 
 
-def _quiet_instant(lines, lo: float, hi: float) -> float:
-    """The middle of the longest stretch of [lo, hi] in which no op starts: a cut there (and
-    T before it, by the period) is far from every start, so rounding puts no op on the
-    wrong side of it."""
-    starts = np.unique(np.concatenate([s[(s >= lo) & (s <= hi)] for s, _ in lines.values()]
-                                      + [np.array([lo, hi])]))
+def _snapshot(lines, cps, copies, bad, period: float, tol: float,
+              host_of) -> tuple[float, float] | None:
+    """(a + T, T) for an instant a at which the run's state is the state T later with every
+    op moved by a period (``_state_repeats``), or None. a lies in a stretch where every op
+    repeats T later (between ``bad`` intervals), far enough in for the history the state
+    holds; the window inserted is [a, a + T), whose copies the run need not hold."""
+    for lo, hi in zip(*_gaps(bad)):
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            continue
+        if hi - lo <= 0:
+            return None
+        a = _quiet_instant(lines, (lo + hi) / 2, hi, ends=True)
+        if _state_repeats(lines, cps, copies, a, period, float(lo), tol, host_of):
+            return a + period, period
+    return None
+
+
+def _state_repeats(lines, cps, copies, a: float, period: float, lo: float, tol: float,
+                   host_of) -> bool:
+    """Whether the run's state at ``a`` is its state at b = a + T, every op moved by a period
+    (its counterpart): then from b the run does again what it did from a, and so would
+    the full job (whose program holds more periods) for as many periods as it has more.
+    The state: which ops have started and ended (an op's counterpart has started by b iff
+    it had by a, and likewise ended; an op of the first period, nobody's counterpart, has
+    ended by b; an op of no period neither starts nor ends between a and b), the ops in
+    flight (their counterparts start and end T later), and the history their remaining
+    work depends on: a transfer's rate depends on every flow that shared its links since it
+    started, and an op the host issues after a waited for the ops of its sync point. So
+    every op that runs or ends from the earliest of those instants up to a must repeat T
+    later: the stretch from ``lo`` (where every op repeats) must hold it. The host: its
+    plan must issue a period's ops in at most T (the history's ops), and an op issued in
+    [a, b) at the plan's own time (no slack) must have its counterpart issued exactly T
+    later. The reduced run is the full job's up to b: had its cool-down begun before b
+    (ops of the last periods run closer together, none of the next period between them),
+    the ops started by b would not be the copies of those started by a."""
+    b = a + period
+    since = a
+    for r, (s, e) in lines.items():
+        c = cps[r]
+        ok = c >= 0
+        cc = c[ok]
+        if ((s[ok] < a) != (s[cc] < b)).any() or ((e[ok] <= a) != (e[cc] <= b)).any():
+            return False
+        lone = ~copies[r]  # the first period's ops (their counterparts later) must have
+        if (lone & ok & (e > b)).any():  # ended by b, an op of no period never moves in [a, b]
+            return False
+        if (lone & ~ok & (((s >= a) & (s < b)) | ((e > a) & (e <= b)))).any():
+            return False
+        flying = (s < a) & (e > a)
+        if flying.any():
+            since = min(since, float(s[flying].min()))
+        host = host_of(r) if host_of else None
+        if host is not None:
+            issued = np.flatnonzero((s >= a) & (s < b))
+            sync = np.asarray(host.sync_of)[issued]
+            for p in np.unique(sync[sync >= 0]).tolist():
+                since = min(since, max(float(e[w]) for w in host.waits[p]))
+            issue = np.asarray(host.issue_s)
+            tight = issued[s[issued] - issue[issued] <= tol]
+            if len(tight) and ((c[tight] < 0).any() or (np.abs(
+                    issue[c[tight]] - issue[tight] - period) > tol).any()):
+                return False
+    if since < lo:
+        return False
+    for r, (s, e) in lines.items():  # the host keeps up over the history
+        host = host_of(r) if host_of else None
+        if host is not None:
+            c = cps[r]
+            hist = np.flatnonzero((c >= 0) & (e > since) & (s < a))
+            issue = np.asarray(host.issue_s)
+            if (issue[c[hist]] - issue[hist] > period + tol).any():
+                return False
+    return True
+
+
+def _quiet_instant(lines, lo: float, hi: float, ends: bool = False) -> float:
+    """The middle of the longest stretch of [lo, hi] in which no op starts (``ends``: nor
+    ends): a cut there (and T before it, by the period) is far from every start, so rounding
+    puts no op on the wrong side of it."""
+    times = [t[(t >= lo) & (t <= hi)] for s, e in lines.values() for t in ((s, e) if ends else (s,))]
+    starts = np.unique(np.concatenate(times + [np.array([lo, hi])]))
     k = int(np.argmax(np.diff(starts)))
     return float(starts[k] + starts[k + 1]) / 2
 

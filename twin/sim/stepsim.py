@@ -20,6 +20,7 @@ from twin.sim.engine import SimOptions, Simulation
 from twin.sim.fastforward import (
     MULTIPLES,
     PERIODS,
+    SHORT,
     Cut,
     expand,
     find_cut,
@@ -29,11 +30,6 @@ from twin.sim.fastforward import (
 )
 from twin.sim.stats import OpTable, Timeline, op_table
 from twin.spec import Job
-
-ATTEMPTS = 2
-"""Reduced runs tried before the full job is simulated: the first, then one with twice the
-steady periods (a steady state that had not settled); past that the periods do not repeat
-(two data-parallel replicas whose links differ each keep their own period)."""
 
 
 @contextmanager
@@ -133,23 +129,26 @@ class Stepper:
         with quiet_gc():
             d = period_microbatches(self.job) if self.fast_forward else None
             m = self.job.parallel.num_microbatches
-            periods, tried = PERIODS, set()
-            while d and len(tried) < ATTEMPTS:
+            tried: set[int] = set()
+            for periods in (SHORT, PERIODS, 2 * PERIODS) if d else ():
                 m_r = reduced_microbatches(self.job, periods)
                 if 2 * m_r > m:  # no time saved: fewer periods, else the full job
-                    periods, m_r = 2, reduced_microbatches(self.job, 2)
-                if 2 * m_r > m or m_r in tried:
+                    m_r = reduced_microbatches(self.job, 2)
+                if 2 * m_r > m:
                     break
+                if m_r in tried:
+                    continue
                 tried.add(m_r)
                 sim = self._engine(reduced_job(self.job, m_r), options)
                 events += sim.events + sim.fabric.flows_done
                 self._say(f"finding the steady state of {self.label}")
                 for period in (j * d for j in range(1, MULTIPLES + 1)):
+                    if (m - m_r) % period:
+                        continue  # its periods would not fit whole
                     found = find_cut(sim, period, lambda r, sim=sim: sim.structure_of(r).host)
                     if found is not None:
                         cut = Cut(found[0], found[1], (m - m_r) // period, period)
                         return self._forwarded(sim, cut, events, m_r)
-                periods *= 2  # not settled yet: a longer steady state
             sim = self._engine(self.job, options)
             events += sim.events + sim.fabric.flows_done
             lines = {r: Timeline(self.table(p), np.arange(len(p.ops)), sim.start[r], sim.end[r])
