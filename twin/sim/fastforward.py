@@ -283,7 +283,7 @@ def _snapshot(lines, cps, copies, bad, period: float, tol: float,
     for lo, hi in zip(*_gaps(bad)):
         if not (math.isfinite(lo) and math.isfinite(hi)):
             continue
-        if hi - lo <= 0:
+        if hi - lo <= tol:  # no room for the history
             return None
         a = _quiet_instant(lines, (lo + hi) / 2, hi, ends=True)
         if _state_repeats(lines, cps, copies, a, period, float(lo), tol, host_of):
