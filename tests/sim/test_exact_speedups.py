@@ -244,7 +244,8 @@ def test_a_run_too_short_for_a_window_is_cut_where_its_state_repeats():
 def test_no_state_is_looked_for_between_bad_ops_that_touch():
     # two ops that do not repeat, the second starting a rounding step after the first ends:
     # no instant lies between them (seed 4 of fold_fuzz: a 1F1B pipeline under ZeRO-2)
-    s, e = np.array([0.0, np.nextafter(1.0, 2.0)]), np.array([1.0, 2.0])
+    one = np.nextafter(1.0, 2.0)
+    s, e = np.array([0.0, np.nextafter(one, 2.0)]), np.array([one, 2.0])
     bad = (s, e)
     lines, cps, copies = {0: (s, e)}, {0: np.array([-1, -1])}, {0: np.zeros(2, dtype=bool)}
     assert fastforward._snapshot(lines, cps, copies, bad, 1.0, 1e-9, None) is None
