@@ -51,7 +51,7 @@ PASSES = [  # (module, function, modules that imported it by name)
     ("twin.sim.host", "host_plan", ("twin.sim.engine",)),
     ("twin.sim.walks", "build_walk", ()),
     ("twin.sim.stats", "op_table", ("twin.sim.stepsim",)),
-    ("twin.sim.fastforward", "counterparts", ()),
+    ("twin.sim.counterparts", "counterparts", ("twin.sim.fastforward",)),
     ("twin.sim.fastforward", "find_cut", ("twin.sim.stepsim",)),
     ("twin.sim.fastforward", "expand", ("twin.sim.stepsim",)),
     ("twin.sim.critical", "critical_path", ("twin.sim.stepsim",)),

@@ -16,8 +16,8 @@ from twin.schedule import stamp
 from twin.schedule.builder import build_schedule
 from twin.schedule.ir import Op
 from twin.schedule.names import joined, mb_tokens
+from twin.sim.counterparts import counterparts
 from twin.sim.engine import SimOptions
-from twin.sim.fastforward import counterparts
 from twin.sim.run import simulate
 from twin.sim.spans import rank_spans
 from twin.spec import GPUSpec, ParallelPlan, build_job

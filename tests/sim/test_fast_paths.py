@@ -15,7 +15,7 @@ from twin.schedule.builder import build_schedule
 from twin.schedule.emit import make_op
 from twin.schedule.ir import Op
 from twin.schedule.names import moved
-from twin.sim.fastforward import counterparts
+from twin.sim.counterparts import counterparts
 from twin.spec import ParallelPlan, build_job
 
 

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from twin.schedule.names import moved
+from twin.sim.counterparts import counterparts
 from twin.sim.stats import OpTable, Timeline
 from twin.spec import Job
 
@@ -64,6 +64,9 @@ with the head on the last stage); both are looked for, d first."""
 WINDOW = 1.1
 """The steady window checked, in periods: the period before the cut and the ops already
 running when it starts (a tenth more leaves room to cut where no op starts)."""
+SNAPSHOTS = 4
+"""Stretches (the longest) in which a state that repeats is looked for: a steady state is
+one long stretch; past a few, the rest are the gaps between warm-up ops."""
 TOLERANCE = 1e-9
 """A counterpart repeats when its start and end differ from T by less than this fraction of
 the reduced run's step."""
@@ -104,74 +107,6 @@ def reduced_job(job: Job, microbatches: int) -> Job:
         warnings.simplefilter("ignore")
         plan = dataclasses.replace(p, global_batch_size=microbatches * p.micro_batch_size * p.dp)
     return dataclasses.replace(job, parallel=plan)
-
-
-def counterparts(ops, d: int, microbatches: int | None = None, blocks=None) -> np.ndarray:
-    """Per op, the index of the same op d micro-batches later (-1: none, or no micro-batch).
-    ``microbatches``: the program's micro-batches (an op of micro-batch m - d or later has
-    no counterpart; None: its names are looked up). ``blocks``: the program's stamped bodies
-    and actions (Program.blocks): one whose copy d micro-batches later was stamped too has
-    its ops' counterparts there, op for op, without reading a name (an action's copy may be
-    stamped from another template that names its ops alike: ActionTemplate.names); the
-    other ops' are found by name, first among the ops outside every block, then in the
-    blocks of the micro-batches still looked for."""
-    last = (microbatches if microbatches is not None else 1 << 62) - d
-    out = np.full(len(ops), -1, dtype=np.int64)
-    todo = range(len(ops))  # the ops looked up by name
-    outside = None  # the ops in no block (None: no blocks)
-    if blocks:
-        first = {(getattr(t, "names", t), *key): base for t, *key, base in blocks}
-        bases, others, sizes, stray = [], [], [], []  # each body with a copy: its ops, the copy's
-        for t, phase, layer, chunk, mb, base in blocks:
-            if 0 <= mb < last:
-                other = first.get((getattr(t, "names", t), phase, layer, chunk, mb + d))
-                if other is None:  # its copy was built by the generic code
-                    stray.extend(range(base, base + t.size))
-                else:
-                    bases.append(base)
-                    others.append(other)
-                    sizes.append(t.size)
-        n = np.asarray(sizes, dtype=np.int64)
-        within = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)  # each op's place in its body
-        at = np.repeat(np.asarray(bases, dtype=np.int64), n) + within
-        out[at] = np.repeat(np.asarray(others, dtype=np.int64), n) + within
-        outside = np.ones(len(ops), dtype=bool)
-        for _t, *_, base in blocks:
-            outside[base:base + _t.size] = False
-        outside = np.flatnonzero(outside).tolist()
-        todo = sorted(outside + stray)
-    wanted: dict[str, list[int]] = {}  # counterpart's name -> the ops it is the copy of
-    phase, mb = None, -1  # the (phase, mb) of the op before: the next ops mostly share it
-    for i in todo:
-        op = ops[i]
-        if 0 <= op.mb < last:
-            if op.mb != mb or op.phase != phase:
-                phase, mb = op.phase, op.mb
-                head = f"{phase}/mb{mb}/"  # the builders' prefix (ProgramBuilder.emit)
-                later, n, plain = f"{phase}/mb{mb + d}/", len(head), "mb" not in phase
-            name = op.name
-            if plain and name.startswith(head):  # its mb token, then the rest's (if any)
-                new = later + moved(name[n:], d)
-            else:
-                new = moved(name, d)
-            wanted.setdefault(new, []).append(i)
-    if wanted:
-        _look_up(ops, out, wanted, range(len(ops)) if outside is None else outside)
-        if outside is not None:  # the rest in the blocks of their micro-batches
-            mbs = {ops[hit[0]].mb + d for hit in wanted.values() if out[hit[0]] < 0}
-            if mbs:
-                _look_up(ops, out, wanted, [i for t, _p, _l, _c, mb, base in blocks if mb in mbs
-                                            for i in range(base, base + t.size)])
-    return out
-
-
-def _look_up(ops, out: np.ndarray, wanted: dict[str, list[int]], indices) -> None:
-    """``out[i] = j`` for each op ``j`` of ``indices`` whose name is wanted by ``i``."""
-    get = wanted.get
-    for j in indices:
-        hit = get(ops[j].name)
-        if hit is not None:
-            out[hit] = j
 
 
 class Cut(NamedTuple):
@@ -224,6 +159,10 @@ def find_cut(sim, d: int, host_of=None) -> tuple[float, float] | None:
     A period is looked for by a window that repeats (``_window``), else by a state that
     repeats (``_snapshot``: a shorter run suffices)."""
     lines, cps, copies = run_lines(sim, d)
+    hosts = {}  # rank -> its plan's (issue times, sync points, waits), or None
+    for r in lines:
+        h = host_of(r) if host_of else None
+        hosts[r] = h and (np.asarray(h.issue_s), np.asarray(h.sync_of), h.waits)
     step = max(float(e.max()) for _, e in lines.values() if len(e))
     tol = TOLERANCE * step
     tried: set[float] = set()
@@ -242,8 +181,8 @@ def find_cut(sim, d: int, host_of=None) -> tuple[float, float] | None:
                 continue
             tried.add(period)
             bad = _bad_intervals(lines, cps, period, tol)
-            found = _window(lines, cps, bad, period, tol, host_of) \
-                or _snapshot(lines, cps, copies, bad, period, tol, host_of)
+            found = _window(lines, cps, bad, period, tol, hosts) \
+                or _snapshot(lines, cps, copies, bad, period, tol, hosts)
             if found is not None:
                 return found
     return None
@@ -256,11 +195,12 @@ def _gaps(bad):
     bs, be = bad
     lo = np.concatenate([[-np.inf], be])
     hi = np.concatenate([bs, [np.inf]])
-    order = np.argsort(-(hi - lo))
+    some = np.flatnonzero(hi > lo)  # (most ops overlap the one before)
+    order = some[np.argsort(lo[some] - hi[some], kind="stable")]
     return lo[order], hi[order]
 
 
-def _window(lines, cps, bad, period: float, tol: float, host_of) -> tuple[float, float] | None:
+def _window(lines, cps, bad, period: float, tol: float, hosts) -> tuple[float, float] | None:
     for lo, hi in zip(*_gaps(bad)):
         if hi - lo < WINDOW * period:
             return None
@@ -269,30 +209,32 @@ def _window(lines, cps, bad, period: float, tol: float, host_of) -> tuple[float,
             continue  # no bad op before or after: not a steady state between warm-up and cool-down
         lo = max(end - period, float(lo) + (1 + WINDOW) / 2 * period)
         cut = _quiet_instant(lines, lo, end)
-        if _crossings_ok(lines, cps, cut, period, tol, host_of):
+        if _crossings_ok(lines, cps, cut, period, tol, hosts):
             return cut, period
     return None
 
 
 def _snapshot(lines, cps, copies, bad, period: float, tol: float,
-              host_of) -> tuple[float, float] | None:
+              hosts) -> tuple[float, float] | None:
     """(a + T, T) for an instant a at which the run's state is the state T later with every
     op moved by a period (``_state_repeats``), or None. a lies in a stretch where every op
     repeats T later (between ``bad`` intervals), far enough in for the history the state
     holds; the window inserted is [a, a + T), whose copies the run need not hold."""
+    tries = 0
     for lo, hi in zip(*_gaps(bad)):
         if not (math.isfinite(lo) and math.isfinite(hi)):
             continue
-        if hi - lo <= tol:  # no room for the history
+        if hi - lo <= tol or tries == SNAPSHOTS:  # no room for the history
             return None
+        tries += 1
         a = _quiet_instant(lines, (lo + hi) / 2, hi, ends=True)
-        if _state_repeats(lines, cps, copies, a, period, float(lo), tol, host_of):
+        if _state_repeats(lines, cps, copies, a, period, float(lo), tol, hosts):
             return a + period, period
     return None
 
 
 def _state_repeats(lines, cps, copies, a: float, period: float, lo: float, tol: float,
-                   host_of) -> bool:
+                   hosts) -> bool:
     """Whether the run's state at ``a`` is its state at b = a + T, every op moved by a period
     (its counterpart): then from b the run does again what it did from a, and so would
     the full job (whose program holds more periods) for as many periods as it has more.
@@ -325,13 +267,13 @@ def _state_repeats(lines, cps, copies, a: float, period: float, lo: float, tol: 
         flying = (s < a) & (e > a)
         if flying.any():
             since = min(since, float(s[flying].min()))
-        host = host_of(r) if host_of else None
+        host = hosts.get(r) if hosts else None
         if host is not None:
+            issue, sync_of, waits = host
             issued = np.flatnonzero((s >= a) & (s < b))
-            sync = np.asarray(host.sync_of)[issued]
+            sync = sync_of[issued]
             for p in np.unique(sync[sync >= 0]).tolist():
-                since = min(since, max(float(e[w]) for w in host.waits[p]))
-            issue = np.asarray(host.issue_s)
+                since = min(since, max(float(e[w]) for w in waits[p]))
             tight = issued[s[issued] - issue[issued] <= tol]
             if len(tight) and ((c[tight] < 0).any() or (np.abs(
                     issue[c[tight]] - issue[tight] - period) > tol).any()):
@@ -339,11 +281,10 @@ def _state_repeats(lines, cps, copies, a: float, period: float, lo: float, tol: 
     if since < lo:
         return False
     for r, (s, e) in lines.items():  # the host keeps up over the history
-        host = host_of(r) if host_of else None
+        host = hosts.get(r) if hosts else None
         if host is not None:
-            c = cps[r]
+            c, issue = cps[r], host[0]
             hist = np.flatnonzero((c >= 0) & (e > since) & (s < a))
-            issue = np.asarray(host.issue_s)
             if (issue[c[hist]] - issue[hist] > period + tol).any():
                 return False
     return True
@@ -359,7 +300,7 @@ def _quiet_instant(lines, lo: float, hi: float, ends: bool = False) -> float:
     return float(starts[k] + starts[k + 1]) / 2
 
 
-def _crossings_ok(lines, cps, cut: float, period: float, tol: float, host_of) -> bool:
+def _crossings_ok(lines, cps, cut: float, period: float, tol: float, hosts) -> bool:
     """Every chain of copies crosses the cut through the window, T apart; the host keeps up."""
     for r, (s, _) in lines.items():
         c = cps[r]
@@ -368,10 +309,10 @@ def _crossings_ok(lines, cps, cut: float, period: float, tol: float, host_of) ->
         cross = ok & (s < cut) & (s[cc] >= cut)
         if (cross & ((s < cut - period - tol) | (np.abs(s[cc] - s - period) > tol))).any():
             return False
-        host = host_of(r) if host_of else None
+        host = hosts.get(r) if hosts else None
         if host is not None:
             window = np.flatnonzero(ok & (s >= cut - period) & (s < cut))
-            issue = np.asarray(host.issue_s)
+            issue = host[0]
             if (issue[c[window]] - issue[window] > period + tol).any():
                 return False
     return True
