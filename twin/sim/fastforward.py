@@ -172,11 +172,11 @@ def find_cut(sim, d: int, host_of=None) -> tuple[float, float] | None:
         if not len(valid):
             continue
         mid = valid[np.argsort(s[valid])[len(valid) // 2]]
-        gaps = s[c[valid]] - s[valid]  # the commonest gap: the period where a run is short
+        gaps = s[c[valid]] - s[valid]  # the commonest gap, then the middle op's
         _, inverse, counts = np.unique(np.round(gaps / tol), return_inverse=True,
                                        return_counts=True)
         common = gaps[np.flatnonzero(inverse == np.argmax(counts))]
-        for period in (float(s[c[mid]] - s[mid]), float(np.median(common))):
+        for period in (float(np.median(common)), float(s[c[mid]] - s[mid])):
             if period <= tol or any(abs(period - t) <= 2 * tol for t in tried):
                 continue
             tried.add(period)
