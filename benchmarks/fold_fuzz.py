@@ -3,7 +3,11 @@
 micro-batch (fold=none, fast_forward=false); the step time and every rank's peak memory must
 agree (to 1e-9 relative: both are exact, so only float rounding may differ).
 
-    python benchmarks/fold_fuzz.py [--seed 1] [--plans 300] [--async-share 0.3] [--programs]
+    python benchmarks/fold_fuzz.py [--seed 1] [--plans 300] [--async-share 0.3] [--long]
+                                   [--programs]
+
+``--long``: 24-64 micro-batches per pipeline (the default draws 1-32): long steady states,
+where the fast-forward's first, shortest reduced run is cut where its state repeats.
 
 ``--programs``: the builder's exact speed-up instead: each plan (its micro-batches times
 four) has one rank per pipeline stage built twice, with stamped layer bodies and whole
@@ -49,8 +53,9 @@ SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb_h1", "zb_v", "dualpipev")
 SHAPES = ((1, 8), (2, 4), (4, 2), (2, 2), (1, 4), (4, 4), (8, 8), (2, 8), (16, 2))
 
 
-def random_job(rng: random.Random, async_share: float):
-    """(job, profile name or None, description) of one random plan (None: not runnable)."""
+def random_job(rng: random.Random, async_share: float, long: bool = False):
+    """(job, profile name or None, description) of one random plan (None: not runnable);
+    ``long``: 24-64 micro-batches per pipeline (times p when interleaved)."""
     nodes, gpn = rng.choice(SHAPES)
     nics = rng.choice((1, gpn))
     moe = rng.random() < 0.25
@@ -68,7 +73,8 @@ def random_job(rng: random.Random, async_share: float):
         return None
     dp = world // (tp * pp * cp)
     sched = rng.choice(SCHEDULES) if pp > 1 else "1f1b"
-    per_pipe = rng.choice((1, 2, 4, 8, 16, 32)) * (pp if sched == "interleaved" else 1)
+    per_pipe = rng.choice((24, 32, 48, 64) if long else (1, 2, 4, 8, 16, 32)) \
+        * (pp if sched == "interleaved" else 1)
     plan = dict(tp=tp, pp=pp, cp=cp, sp=tp > 1 and rng.random() < 0.8,
                 zero_stage=rng.choice((0, 1, 2, 3)), pp_schedule=sched,
                 pp_virtual_stages=2 if sched == "interleaved" else 1,
@@ -149,23 +155,45 @@ def programs_both_ways(job) -> tuple[int, list[int]]:
     return len(stamped), [r for r in ranks if built[True][r] != built[False][r]]
 
 
+def count_cuts() -> dict[str, int]:
+    """Count the cuts the fast-forward finds by each of its checks (twin/sim/fastforward.py;
+    a reduced run's check may find none before one does)."""
+    from twin.sim import fastforward
+
+    counts = {"window": 0, "state": 0}
+
+    def counted(f, key):
+        def run(*args, **kwargs):
+            found = f(*args, **kwargs)
+            counts[key] += found is not None
+            return found
+        return run
+
+    fastforward._window = counted(fastforward._window, "window")
+    fastforward._snapshot = counted(fastforward._snapshot, "state")
+    return counts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--plans", type=int, default=300)
     ap.add_argument("--async-share", type=float, default=0.3,
                     help="chance that a plan with SP runs async TP")
+    ap.add_argument("--long", action="store_true",
+                    help="24-64 micro-batches per pipeline: long steady states to fast-forward")
     ap.add_argument("--programs", action="store_true",
                     help="compare stamped and generic programs instead of simulating")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     rng = random.Random(args.seed)
     costs = profiles()
+    cuts = count_cuts()
     done = folded = forwarded = 0
     errors, mismatches = [], []
     t0 = time.perf_counter()
     while done < args.plans:
-        got = random_job(rng, args.async_share)
+        got = random_job(rng, args.async_share, args.long)
         if got is None:
             continue
         job, profile, what = got
@@ -194,7 +222,8 @@ def main() -> int:
         if done % 50 == 0:
             print(f"  {done} plans, {time.perf_counter() - t0:.0f} s", flush=True)
     what = f"{forwarded} actions stamped" if args.programs else \
-        f"{folded} folded, {forwarded} fast-forwarded"
+        f"{folded} folded, {forwarded} fast-forwarded ({cuts['window']} cut by a window that " \
+        f"repeats, {cuts['state']} by a state that repeats)"
     print(f"{done} plans (seed {args.seed}): {what}, {len(errors)} errors, "
           f"{len(mismatches)} mismatches ({time.perf_counter() - t0:.0f} s)")
     for line in errors + mismatches:
