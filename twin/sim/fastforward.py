@@ -136,29 +136,56 @@ def _bad_intervals(lines, cps, period: float, tol: float):
     return s[order], np.maximum.accumulate(e[order]) if len(e) else e
 
 
-def run_lines(sim, d: int) -> tuple[dict, dict, dict]:
+def copies_of(prog, d: int, microbatches: int, memo: dict | None = None):
+    """(each op's counterpart d micro-batches later or -1, whether it is another op's
+    counterpart) of a program of ``microbatches``; ``memo`` keeps them per program template
+    (or ops list) and d."""
+    key = (id(prog.ops) if prog.template is None else prog.template, d)
+    hit = memo.get(key) if memo is not None else None
+    if hit is None or len(hit[0]) != len(prog.ops):
+        c = counterparts(prog.ops, d, microbatches, prog.blocks)
+        copy = np.zeros(len(c), dtype=bool)
+        copy[c[c >= 0]] = True
+        hit = c, copy
+        if memo is not None:
+            memo[key] = hit
+    return hit
+
+
+def regular(programs, d: int, microbatches: int, memo: dict | None = None) -> bool:
+    """Whether the programs repeat from one micro-batch to the next but in their first and
+    last period: every op of a micro-batch in between is the counterpart of one d earlier,
+    and every op before the last period has its counterpart. A short reduced run of
+    programs that do not (FSDP gathering its root module anew at the warm-up's end and the
+    cool-down's start) holds no steady state, and a longer run is simulated instead."""
+    for prog in programs.values():
+        c, copy = copies_of(prog, d, microbatches, memo)
+        mb = np.fromiter((op.mb for op in prog.ops), dtype=np.int64, count=len(prog.ops))
+        inside = (mb >= 0) & (mb < microbatches - d)
+        if (inside & (c < 0)).any() or (inside & (mb >= d) & ~copy).any():
+            return False
+    return True
+
+
+def run_lines(sim, d: int, memo: dict | None = None) -> tuple[dict, dict, dict]:
     """Per simulated rank of a finished ``sim``: (starts, ends), each op's counterpart d
-    micro-batches later (-1: none) and whether it is another op's counterpart."""
+    micro-batches later (-1: none) and whether it is another op's counterpart (``memo``:
+    as ``copies_of``)."""
     cps, lines, copies = {}, {}, {}
-    memo: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    memo = {} if memo is None else memo
     for r, prog in sim.programs.items():
-        key = id(prog.ops) if prog.template is None else prog.template
-        if key not in memo:
-            c = counterparts(prog.ops, d, sim.job.parallel.num_microbatches, prog.blocks)
-            copy = np.zeros(len(c), dtype=bool)
-            copy[c[c >= 0]] = True
-            memo[key] = c, copy
-        cps[r], copies[r] = memo[key]
+        cps[r], copies[r] = copies_of(prog, d, sim.job.parallel.num_microbatches, memo)
         lines[r] = (sim.start[r], sim.end[r])
     return lines, cps, copies
 
 
-def find_cut(sim, d: int, host_of=None) -> tuple[float, float] | None:
+def find_cut(sim, d: int, host_of=None, memo: dict | None = None) -> tuple[float, float] | None:
     """(cut, T) of a finished reduced ``sim`` whose steady state repeats (module docstring),
-    or None. ``host_of(rank)``: the rank's HostPlan (None: the host never holds ops back).
+    or None. ``host_of(rank)``: the rank's HostPlan (None: the host never holds ops back);
+    ``memo``: as ``copies_of``.
     A period is looked for by a window that repeats (``_window``), else by a state that
     repeats (``_snapshot``: a shorter run suffices)."""
-    lines, cps, copies = run_lines(sim, d)
+    lines, cps, copies = run_lines(sim, d, memo)
     hosts = {}  # rank -> its plan's (issue times, sync points, waits), or None
     for r in lines:
         h = host_of(r) if host_of else None

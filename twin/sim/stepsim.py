@@ -27,6 +27,7 @@ from twin.sim.fastforward import (
     period_microbatches,
     reduced_job,
     reduced_microbatches,
+    regular,
 )
 from twin.sim.stats import OpTable, Timeline, op_table
 from twin.spec import Job
@@ -83,6 +84,7 @@ class Stepper:
         self.progress = progress
         self._programs: dict[int, dict[int, Program]] = {}  # micro-batches -> programs
         self._tables: dict[int, tuple[list, OpTable]] = {}
+        self._copies: dict = {}  # (fastforward.copies_of)
         self.on_engine: Callable[[Simulation], None] | None = None
         """Called with each engine before it runs (progress reports)."""
         self.label = "step 1/1"
@@ -99,7 +101,8 @@ class Stepper:
                 if self.progress:
                     self.progress(k + 1, len(self.classes), "building programs")
             self._programs = {m: out}  # one job's programs at a time
-            self._tables = {}  # (and their tables: the old ops lists go with them)
+            self._tables = {}  # (and their tables and counterparts: the old ops lists go
+            self._copies = {}  # with them)
         return out
 
     def table(self, prog: Program) -> OpTable:
@@ -139,13 +142,17 @@ class Stepper:
                 if m_r in tried:
                     continue
                 tried.add(m_r)
-                sim = self._engine(reduced_job(self.job, m_r), options)
+                small = reduced_job(self.job, m_r)
+                if periods == SHORT and not regular(self.programs(small), d, m_r, self._copies):
+                    continue  # no steady state in so short a run: the next is longer
+                sim = self._engine(small, options)
                 events += sim.events + sim.fabric.flows_done
                 self._say(f"finding the steady state of {self.label}")
                 for period in (j * d for j in range(1, MULTIPLES + 1)):
                     if (m - m_r) % period:
                         continue  # its periods would not fit whole
-                    found = find_cut(sim, period, lambda r, sim=sim: sim.structure_of(r).host)
+                    found = find_cut(sim, period, lambda r, sim=sim: sim.structure_of(r).host,
+                                     self._copies)
                     if found is not None:
                         cut = Cut(found[0], found[1], (m - m_r) // period, period)
                         return self._forwarded(sim, cut, events, m_r)
