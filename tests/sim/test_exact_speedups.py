@@ -249,3 +249,25 @@ def test_no_state_is_looked_for_between_bad_ops_that_touch():
     bad = (s, e)
     lines, cps, copies = {0: (s, e)}, {0: np.array([-1, -1])}, {0: np.zeros(2, dtype=bool)}
     assert fastforward._snapshot(lines, cps, copies, bad, 1.0, 1e-9, None) is None
+
+
+def _short_programs(job):
+    small = reduced_job(job, reduced_microbatches(job, SHORT))
+    schedule = build_schedule(small)
+    return {r: schedule.program(r) for r in fold_classes(small, "all")}, small
+
+
+def test_the_shortest_run_is_skipped_for_programs_that_do_not_repeat_micro_batch_to_micro_batch():
+    plain = _job(dict(pp=4, global_batch_size=48), 2, 4, 4)
+    progs, small = _short_programs(plain)
+    assert fastforward.regular(progs, 1, small.parallel.num_microbatches)
+    # FSDP under a pipeline keeps its root module gathered through the warm-up's forwards
+    # and gathers it anew for each forward after a backward: in 5 micro-batches, ops of
+    # micro-batch 4 alone (and of the cool-down's backwards), not of the one before
+    fsdp = _job(dict(pp=4, zero_stage=3, global_batch_size=96), 2, 4, 4)
+    progs, small = _short_programs(fsdp)
+    assert not fastforward.regular(progs, 1, small.parallel.num_microbatches)
+    fast = simulate(fsdp, options=FAST, trace="none").summary
+    assert fast["fast_forward"]["simulated_microbatches"] == reduced_microbatches(fsdp, 4)
+    full = simulate(fsdp, options=FULL, trace="none").summary
+    assert fast["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9)

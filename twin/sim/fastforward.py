@@ -156,8 +156,10 @@ def regular(programs, d: int, microbatches: int, memo: dict | None = None) -> bo
     """Whether the programs repeat from one micro-batch to the next but in their first and
     last period: every op of a micro-batch in between is the counterpart of one d earlier,
     and every op before the last period has its counterpart. A short reduced run of
-    programs that do not (FSDP gathering its root module anew at the warm-up's end and the
-    cool-down's start) holds no steady state, and a longer run is simulated instead."""
+    programs that do not holds no steady state (FSDP under a pipeline keeps its root module
+    gathered through the warm-up's forwards and gathers it anew for each forward after a
+    backward: in a 1F1B run of pp + 1 micro-batches, for one forward only), and a longer
+    run is simulated instead."""
     for prog in programs.values():
         c, copy = copies_of(prog, d, microbatches, memo)
         mb = np.fromiter((op.mb for op in prog.ops), dtype=np.int64, count=len(prog.ops))
