@@ -29,8 +29,9 @@ and in both the host issues a period's ops in at most T (else it would fall behi
 device over the periods inserted). Then the full step is the reduced run up to the cut, the
 window's ops (the period before the cut) repeated n = (m - m') / d times T apart
 (micro-batches renamed), and the rest of the reduced run n * T later (``expand``). When no
-period is found the reduced run is lengthened (twin/sim/stepsim.py), and past half the
-micro-batches the full job is simulated instead.
+period is found the reduced run is lengthened (twin/sim/stepsim.py; the shortest is not
+tried for programs that do not repeat micro-batch to micro-batch: ``regular``), and past
+half the micro-batches the full job is simulated instead.
 Exact when the check passes: nothing is approximated, whole periods are added. Off with
 jitter (no two periods are alike) and with what-ifs; not tried for GPipe (two steady
 phases, forwards then backwards) or a single micro-batch per step.
@@ -60,7 +61,8 @@ their own period) and the full job is simulated."""
 MULTIPLES = 2
 """The steady state may repeat every d or every 2d micro-batches: the interleaved schedule's
 steady state alternates between two cycles of chunks on some pipelines (found on p = 8, v = 2
-with the head on the last stage); both are looked for, d first."""
+with the head on the last stage); both are looked for, d first (2d where the periods
+inserted fit whole)."""
 WINDOW = 1.1
 """The steady window checked, in periods: the period before the cut and the ops already
 running when it starts (a tenth more leaves room to cut where no op starts)."""
