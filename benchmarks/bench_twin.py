@@ -1,6 +1,6 @@
 """Twin speed: wall time, events and step time of one simulated step of large jobs.
 
-Run: python benchmarks/bench_twin.py [a|b|c|d|e|f ...]   (default: all)
+Run: python benchmarks/bench_twin.py [a|b|c|d|e|f|g ...] [--repeat N]   (default: all, once)
  (a) Llama-3 8B, 8 GPUs (one DGX H100), FSDP
  (b) Llama-3 70B, 1,024 GPUs, TP8 PP4 DP32, 1F1B, 8 micro-batches, every rank simulated
      (fold=none, no fast-forward: the engine's own speed)
@@ -25,6 +25,8 @@ figures, asserts nothing.
 
 from __future__ import annotations
 
+import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -78,15 +80,24 @@ def job_of(key: str) -> tuple[str, Job, CostModel | None, SimOptions, str | None
 
 
 def main() -> None:
-    which = sys.argv[1:] or sorted([*JOBS, *PUBLISHED])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("rows", nargs="*", help="rows to run (default: all)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="simulate each row this many times; its wall is the median (this "
+                         "host's noise is +-20%%), the spread printed below it")
+    args = ap.parse_args()
+    which = args.rows or sorted([*JOBS, *PUBLISHED])
     print(f"{'job':<4} {'model':<13} {'GPUs':>6} {'m':>4} {'fold':<5} {'sim':>4} "
           f"{'mb sim':>6} {'ops':>10} {'events':>9} {'wall s':>7} {'write s':>7} "
           f"{'report s':>8} {'step s':>8} {'MFU':>6}")
     for key in which:
         name, job, cost, options, trace = job_of(key)
-        t0 = time.perf_counter()
-        res = simulate(job, cost, options, trace=trace)
-        wall = time.perf_counter() - t0
+        walls = []
+        for _ in range(max(1, args.repeat)):
+            t0 = time.perf_counter()
+            res = simulate(job, cost, options, trace=trace)
+            walls.append(time.perf_counter() - t0)
+        wall = statistics.median(walls)
         report = "-"
         with tempfile.TemporaryDirectory() as tmp:
             t1 = time.perf_counter()
@@ -104,6 +115,9 @@ def main() -> None:
               f"{s['simulated_ranks']:>4} {ff['simulated_microbatches'] if ff else m:>6} "
               f"{s['ops']:>10,} {s['events']:>9,} {wall:>7.2f} {write:>7.2f} {report:>8} "
               f"{s['step_time_s']:>8.3f} {s['mfu']:>6.1%}", flush=True)
+        if len(walls) > 1:
+            print(f"     wall over {len(walls)} runs: median {wall:.2f} s, min {min(walls):.2f}, "
+                  f"max {max(walls):.2f} ({' '.join(f'{w:.2f}' for w in walls)})", flush=True)
 
 
 if __name__ == "__main__":
