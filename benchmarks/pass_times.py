@@ -27,8 +27,9 @@ Run: python benchmarks/pass_times.py [JOB] [--build [--floor]] [--generic | --bo
        noise does not move, the same in every run of the same code
 
 Times each pass by wrapping its function (perf_counter, summed over calls): program building,
-the engine's event loop, the host plan, structure, walks, op tables, the fast-forward's cut
-and counterparts, the critical path, and the rest of ``simulate`` (spans, flows, figures).
+the engine's event loop, the host plan, structure, walks, op tables, the fast-forward's cut,
+its check of the shortest run's programs (``regular``) and counterparts, the critical path,
+and the rest of ``simulate`` (spans, flows, figures).
 Prints figures, asserts nothing; the wall time is one run's (this host's noise is +-20%).
 """
 
@@ -53,6 +54,7 @@ PASSES = [  # (module, function, modules that imported it by name)
     ("twin.sim.stats", "op_table", ("twin.sim.stepsim",)),
     ("twin.sim.counterparts", "counterparts", ("twin.sim.fastforward",)),
     ("twin.sim.fastforward", "find_cut", ("twin.sim.stepsim",)),
+    ("twin.sim.fastforward", "regular", ("twin.sim.stepsim",)),
     ("twin.sim.fastforward", "expand", ("twin.sim.stepsim",)),
     ("twin.sim.critical", "critical_path", ("twin.sim.stepsim",)),
     ("twin.sim.walks", "memory_times", ("twin.sim.engine",)),
@@ -65,7 +67,7 @@ METHODS = [("twin.schedule.ir", "Schedule", "program", "programs"),
            ("twin.sim.engine", "Simulation", "_run", "engine (all)")]
 INSIDE = {"engine (all)": ("env.run", "structure", "host_plan", "build_walk", "inliner.streams",
                            "flows.prepare", "memory_times"),
-          "find_cut": ("counterparts",)}
+          "find_cut or regular": ("counterparts",)}
 """Passes timed inside another (left out of the sum that gives the rest)."""
 
 
