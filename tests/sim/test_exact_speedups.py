@@ -271,3 +271,23 @@ def test_the_shortest_run_is_skipped_for_programs_that_do_not_repeat_micro_batch
     assert fast["fast_forward"]["simulated_microbatches"] == reduced_microbatches(fsdp, 4)
     full = simulate(fsdp, options=FULL, trace="none").summary
     assert fast["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-9)
+
+
+def test_a_skipped_shortest_run_is_still_tried_when_it_is_also_the_two_period_run(monkeypatch):
+    # 12 micro-batches: the 4-period run (7) is past half, cut to 2 periods: 5, the shortest
+    # run's count, which `regular` skipped for FSDP; it must be simulated then, as before
+    from twin.sim import stepsim
+
+    job = _job(dict(pp=4, zero_stage=3, global_batch_size=24), 2, 4, 4)
+    assert job.parallel.num_microbatches == 12
+    assert reduced_microbatches(job, SHORT) == reduced_microbatches(job, 2) == 5
+    runs = []
+    engine = stepsim.Stepper._engine
+
+    def counted(self, small, options):
+        runs.append(small.parallel.num_microbatches)
+        return engine(self, small, options)
+
+    monkeypatch.setattr(stepsim.Stepper, "_engine", counted)
+    simulate(job, options=FAST, trace="none")
+    assert runs[0] == 5

@@ -221,8 +221,8 @@ def find_cut(sim, d: int, host_of=None, memo: dict | None = None) -> tuple[float
 
 def _gaps(bad):
     """(lo, hi) of the stretches between the merged intervals ``bad`` ((starts, running
-    ends) as ``_bad_intervals`` gives them), longest first; the first and the last are
-    open (-inf, inf)."""
+    ends) as ``_bad_intervals`` gives them), longest first; the stretch before the first
+    interval starts at -inf, the one after the last ends at inf."""
     bs, be = bad
     lo = np.concatenate([[-np.inf], be])
     hi = np.concatenate([bs, [np.inf]])

@@ -141,10 +141,11 @@ class Stepper:
                     break
                 if m_r in tried:
                     continue
-                tried.add(m_r)
                 small = reduced_job(self.job, m_r)
                 if periods == SHORT and not regular(self.programs(small), d, m_r, self._copies):
-                    continue  # no steady state in so short a run: the next is longer
+                    continue  # no steady state in so short a run: the next is longer (or, cut
+                    # to two periods, the same run tried without this check)
+                tried.add(m_r)
                 sim = self._engine(small, options)
                 events += sim.events + sim.fabric.flows_done
                 self._say(f"finding the steady state of {self.label}")
