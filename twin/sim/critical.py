@@ -19,8 +19,11 @@ from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from twin.cost import CostModel, call_role
 from twin.schedule.ir import Op
+from twin.sim.codes import op_codes
 from twin.spec import GPUSpec
 from twin.vocab import COLLECTIVE_KINDS, P2P_KINDS
 
@@ -161,8 +164,10 @@ class _Calls:
         index = self._index.get(rank)
         if index is None:
             index = self._index[rank] = {}
-            ops = self.programs[rank].ops
-            for k in [k for k, op in enumerate(ops) if op.kind in _CALLS]:
+            prog = self.programs[rank]
+            ops, codes = prog.ops, op_codes(prog)
+            calls = codes.column([op.kind in _CALLS for op in codes.reps], bool)
+            for k in np.flatnonzero(calls).tolist():
                 op = ops[k]
                 index[op.name if op.kind in _COLLECTIVES else (op.kind, op.peer, op.tag)] = k
                 if op.kind not in _COLLECTIVES and op.peer not in self._order:

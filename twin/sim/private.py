@@ -119,6 +119,7 @@ def inline_streams(rank: int, ops: list[Op], streams: dict[str, list[int]],
         return ()
     waited = {w for ws in host.waits.values() for w in ws} if host is not None else set()
     out = []
+    get = private.get
     for s, idx in streams.items():
         if s in (COMPUTE, "p2p", "mem"):
             continue
@@ -127,15 +128,18 @@ def inline_streams(rank: int, ops: list[Op], streams: dict[str, list[int]],
             op = ops[i]
             if op.kind not in COLLECTIVE_KINDS or op.send_splits:
                 break
-            call = private.get(call_key(op))
+            call = get(("c", op.kind, op.group, op.root, op.group_name))  # (call_key)
             if call is None or call.caller != caller:
                 break
             deps = op.deps
-            if any(ops[d].stream not in mine for d in deps):
+            if len(deps) == 1:  # (most calls: the op that made their buffer)
+                if ops[deps[0]].stream not in mine:
+                    break
+            elif any(ops[d].stream not in mine for d in deps):
                 break
             if call.shared or i in waited:  # a dependency no earlier than the compute op before
                 k = bisect_left(comp, i)
-                if k and max(deps, default=-1) < comp[k - 1]:
+                if k and (max(deps) if deps else -1) < comp[k - 1]:
                     break
         else:
             out.append(s)
@@ -148,7 +152,7 @@ class Inliner:
 
     def __init__(self, fabric, calls: dict[tuple, PrivateCall]):
         self.fabric, self.calls = fabric, calls
-        self._times: dict[tuple, tuple] = {}
+        self._times: dict[tuple, tuple] = {}  # (stream, call_key, bytes) -> timed's value
         self._owners: dict = {}  # shared resource -> the (rank, stream) whose call holds it
 
     @classmethod
@@ -167,13 +171,15 @@ class Inliner:
               inlined: tuple[str, ...]) -> dict[int, tuple]:
         """Op -> (steps, shared resources, stream) of each op of the ``inlined`` streams."""
         out = {}
+        times = self._times
         for s in inlined:
             for i in streams[s]:
                 op = ops[i]
-                call = self.calls[call_key(op)]
-                t = self._times.get((call, op.bytes))
+                key = (s, op.kind, op.group, op.root, op.group_name, op.bytes)  # call_key, bytes
+                t = times.get(key)
                 if t is None:
-                    t = self._times[(call, op.bytes)] = (call.steps(op.bytes), call.shared, s)
+                    call = self.calls[call_key(op)]
+                    t = times[key] = (call.steps(op.bytes), call.shared, s)
                 out[i] = t
         return out
 
