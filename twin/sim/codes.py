@@ -41,10 +41,14 @@ class Codes(NamedTuple):
     def stream_indices(self, skip: str = "mem") -> dict[str, list[int]]:
         """Stream -> indices of its ops in program order, the streams in the order their
         first op comes (``skip``'s ops left out)."""
+        return {s: idx.tolist() for s, idx in self.stream_arrays(skip).items()}
+
+    def stream_arrays(self, skip: str = "mem") -> dict[str, np.ndarray]:
+        """``stream_indices`` as arrays."""
         names = [op.stream for op in self.reps]
         number = {s: k for k, s in enumerate(dict.fromkeys(names))}
         per_op = self.column([number[s] for s in names], np.int64)
-        return {s: np.flatnonzero(per_op == number[s]).tolist()
+        return {s: np.flatnonzero(per_op == number[s])
                 for s in dict.fromkeys(names[c] for c in self.in_order()) if s != skip}
 
 

@@ -79,8 +79,7 @@ def _sync_points(codes: Codes, waits: dict[int, tuple[int, ...]]) -> list[int]:
     before = np.concatenate([[-1], ends[:-1]])  # each sync point's previous one
     is_p2p = p2p[code] & ~mem
     lasts = []  # per stream: its last op up to each sync point (-1: none)
-    for s, ops in codes.stream_indices().items():
-        idx = np.asarray(ops, dtype=np.int64)
+    for s, idx in codes.stream_arrays().items():
         idx = idx[~is_p2p[idx]]
         if not len(idx):
             continue

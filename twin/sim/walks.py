@@ -102,5 +102,6 @@ def walk_of(inliner, cache: dict, rank: int, prog, st: Structure) -> tuple[Walk,
 def memory_times(ops: list[Op], st: Structure, start, end) -> None:
     """Memory ops take no time: each happens when its last dependency ends."""
     for i in st.memory:
-        t = max((end[d] for d in ops[i].deps), default=0.0)
+        deps = ops[i].deps
+        t = end[deps[0]] if len(deps) == 1 else max((end[d] for d in deps), default=0.0)
         start[i] = end[i] = t
