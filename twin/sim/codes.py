@@ -71,8 +71,9 @@ def codes_of(ops: list[Op], blocks=None) -> Codes:
         row = [number.setdefault(signature(op), len(number)) for op in ops[first:first + t.size]]
         at = (np.asarray(bases, dtype=np.int64)[:, None] + np.arange(t.size)).ravel()
         code[at] = np.tile(np.asarray(row, dtype=np.int64), len(bases))
-    for i in np.flatnonzero(code < 0).tolist():
-        code[i] = number.setdefault(signature(ops[i]), len(number))
+    rest = np.flatnonzero(code < 0).tolist()  # the ops coded one by one
+    if rest:
+        code[rest] = [number.setdefault(signature(ops[i]), len(number)) for i in rest]
     _, first = np.unique(code, return_index=True)  # signatures are numbered 0..n-1
     return Codes(code, [ops[i] for i in first.tolist()], first)
 

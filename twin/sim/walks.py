@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from twin.schedule.ir import Op
-from twin.sim.codes import Codes, codes_of
+from twin.sim.codes import Codes, codes_of, op_codes
 from twin.sim.private import COMPUTE
 from twin.sim.records import Structure
 from twin.vocab import COMPUTE_KINDS
@@ -44,16 +44,22 @@ def structure(ops: list[Op], compute_time, host, codes: Codes | None = None) -> 
                      codes.column(compute, bool).tolist(), np.flatnonzero(memory).tolist())
 
 
-def build_walk(ops: list[Op], st: Structure, inlined: tuple[str, ...] = ()) -> Walk:
-    """The Walk of a program whose ``inlined`` streams the compute stream's process times."""
+def build_walk(ops: list[Op], st: Structure, inlined: tuple[str, ...] = (),
+               codes: Codes | None = None) -> Walk:
+    """The Walk of a program whose ``inlined`` streams the compute stream's process times.
+    ``codes``: its ops' signatures (default: made here; an op's stream is part of it)."""
     streams = st.streams
-    lab = [op.stream for op in ops]  # the process an op is walked by (p2p: each its own)
+    codes = codes_of(ops) if codes is None else codes
+    names = [op.stream for op in codes.reps]
+    stream_of = np.asarray(names, dtype=object)[codes.code].tolist() if len(ops) else []
     if inlined:
         walks = {s: idx for s, idx in streams.items() if s not in inlined}
-        walks[COMPUTE] = sorted(i for s in (COMPUTE, *inlined) for i in streams[s])
-        lab = [COMPUTE if x in inlined else x for x in lab]
-    else:
+        walks[COMPUTE] = sorted(sum((streams[s] for s in inlined), list(streams[COMPUTE])))
+        proc = [COMPUTE if x in inlined else x for x in names]
+        lab = np.asarray(proc, dtype=object)[codes.code].tolist()  # the process an op is
+    else:  # walked by (p2p: each its own)
         walks = streams
+        lab = stream_of
     n = len(ops)
     external: set[int] = set()
     ext_deps: list[tuple[int, ...]] = [()] * n
@@ -72,7 +78,7 @@ def build_walk(ops: list[Op], st: Structure, inlined: tuple[str, ...] = ()) -> W
                 if lab[d] != li:
                     external.add(d)
                     ext_deps[i] = deps
-                elif inlined and ops[d].stream != op.stream:
+                elif inlined and stream_of[d] != stream_of[i]:
                     cross[i] = deps
                 continue
             # a dependency on the op's own process is done by then (FIFO) or timed (cross)
@@ -81,7 +87,7 @@ def build_walk(ops: list[Op], st: Structure, inlined: tuple[str, ...] = ()) -> W
                 external.update(other)
                 ext_deps[i] = other
             if inlined:
-                cross[i] = tuple(d for d in deps if lab[d] == li and ops[d].stream != op.stream)
+                cross[i] = tuple(d for d in deps if lab[d] == li and stream_of[d] != stream_of[i])
     if st.host is not None:
         for waited in st.host.waits.values():
             external.update(waited)  # the host waits for them: they need events
@@ -95,7 +101,7 @@ def walk_of(inliner, cache: dict, rank: int, prog, st: Structure) -> tuple[Walk,
     key = (prog.template if prog.template is not None else -1 - rank, inlined)
     walk = cache.get(key)
     if walk is None:
-        walk = cache[key] = build_walk(prog.ops, st, inlined)
+        walk = cache[key] = build_walk(prog.ops, st, inlined, op_codes(prog))
     return walk, (inliner.timed(prog.ops, st.streams, inlined) if inlined else None)
 
 
