@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from twin.cost import CostModel
+from twin.sim.codes import op_codes
 from twin.sim.collectives import Transfer, plan_collective
 from twin.sim.records import Bundle
 from twin.sim.topology import Resource, Topology
@@ -78,16 +79,20 @@ class FlowPlanner:
         rows: dict[tuple, dict[int, tuple[float, ...]]] = {}
         callers = self.callers
         for rank, prog in programs.items():
-            for op in prog.ops:
+            ops, codes = prog.ops, op_codes(prog)
+            calls = codes.column([op.kind not in _LOCAL for op in codes.reps], bool)
+            for i in np.flatnonzero(calls).tolist():  # (compute and memory ops plan nothing)
+                op = ops[i]
                 kind = op.kind
-                if kind in _LOCAL:
-                    continue
                 if op.send_splits:  # an uneven all-to-all: planned from every member's row
                     rows.setdefault((op.group, op.name, op.group_name, op.bytes), {})[rank] = \
                         op.send_splits
                 elif kind in COLLECTIVE_KINDS:
-                    key = ("c", op.kind, op.group, op.root, op.group_name)
-                    callers.setdefault(key, set()).add((rank, op.stream))
+                    key = ("c", kind, op.group, op.root, op.group_name)
+                    who = callers.get(key)
+                    if who is None:
+                        who = callers[key] = set()
+                    who.add((rank, op.stream))
                     if key not in seen:
                         seen.add(key)
                         self.collective(op.kind, op.group, 0.0, op.group_name, op.root)
