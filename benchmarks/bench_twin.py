@@ -94,6 +94,7 @@ def main() -> None:
         name, job, cost, options, trace = job_of(key)
         walls = []
         for _ in range(max(1, args.repeat)):
+            res = None  # the last run's result freed before the next is timed
             t0 = time.perf_counter()
             res = simulate(job, cost, options, trace=trace)
             walls.append(time.perf_counter() - t0)

@@ -34,6 +34,10 @@ class Codes(NamedTuple):
         """Per op, the value of its signature (``values``: one per signature)."""
         return np.asarray(values, dtype=dtype)[self.code]
 
+    def where(self, pred) -> list[int]:
+        """The indices of the ops whose signature's op satisfies ``pred``, in program order."""
+        return np.flatnonzero(self.column([pred(op) for op in self.reps], bool)).tolist()
+
     def in_order(self) -> list[int]:
         """The signatures in the order their first op comes in the program."""
         return np.argsort(self.first, kind="stable").tolist()

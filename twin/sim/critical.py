@@ -19,8 +19,6 @@ from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from twin.cost import CostModel, call_role
 from twin.schedule.ir import Op
 from twin.sim.codes import op_codes
@@ -165,9 +163,8 @@ class _Calls:
         if index is None:
             index = self._index[rank] = {}
             prog = self.programs[rank]
-            ops, codes = prog.ops, op_codes(prog)
-            calls = codes.column([op.kind in _CALLS for op in codes.reps], bool)
-            for k in np.flatnonzero(calls).tolist():
+            ops = prog.ops
+            for k in op_codes(prog).where(lambda op: op.kind in _CALLS):
                 op = ops[k]
                 index[op.name if op.kind in _COLLECTIVES else (op.kind, op.peer, op.tag)] = k
                 if op.kind not in _COLLECTIVES and op.peer not in self._order:

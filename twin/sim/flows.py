@@ -79,9 +79,8 @@ class FlowPlanner:
         rows: dict[tuple, dict[int, tuple[float, ...]]] = {}
         callers = self.callers
         for rank, prog in programs.items():
-            ops, codes = prog.ops, op_codes(prog)
-            calls = codes.column([op.kind not in _LOCAL for op in codes.reps], bool)
-            for i in np.flatnonzero(calls).tolist():  # (compute and memory ops plan nothing)
+            ops = prog.ops  # (compute and memory ops plan nothing)
+            for i in op_codes(prog).where(lambda op: op.kind not in _LOCAL):
                 op = ops[i]
                 kind = op.kind
                 if op.send_splits:  # an uneven all-to-all: planned from every member's row
