@@ -1,8 +1,11 @@
 """Calibration data from a GPU machine in minutes: kernel sweep, collective sweep, replayed schedules.
 
-On one GPU: the kernel sweep (GEMM over shapes and dtypes, attention forward and
-backward, elementwise, fused Adam) and one replayed single-GPU schedule (the executor's
-CUDA path: streams, events, torch.cuda.max_memory_allocated). With several GPUs also: the
+On one GPU: the kernel sweep (GEMM over shapes and dtypes, from 256^3 and GPT-2's own
+layer shapes, where launch latency dominates, up to 16k x 8k; attention forward and
+backward, elementwise, fused Adam) and three replayed single-GPU schedules (the executor's
+CUDA path: streams, events, torch.cuda.max_memory_allocated) for holding the fitted
+profile to data it never saw: GPT-2 small at micro-batch 1 (host-bound: small kernels)
+and 8, and a 4-layer Llama-3 8B at micro-batch 2 (large GEMMs). With several GPUs also: the
 NCCL collective sweep (every IR kind, 4 KB to 256 MB, group sizes 2, 4, ... n), the
 replayed-vs-bare all-reduce comparison, and one replayed multi-GPU schedule (FSDP).
 Everything lands under --out (default reports/gpu_calibration/<timestamp>); feed the
@@ -25,28 +28,44 @@ PARATWIN = [sys.executable, "-m", "paratwin.main"]
 GEMMS = [[m, n, k] for m, n, k in ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
                                    (8192, 8192, 8192), (8192, 4096, 4096), (4096, 14336, 4096),
                                    (4096, 4096, 14336), (16384, 8192, 1024))]
-ATTENTION = [[1, 32, 8, 4096, 128], [2, 16, 16, 2048, 64], [8, 32, 8, 1024, 128]]
-ELEMENTWISE = [2**20, 2**24, 2**27]
-OPTIMIZER = [2**24, 2**27]
+SMALL_GEMMS = [[m, n, k] for m, n, k in ((256, 256, 256), (512, 512, 512), (1024, 768, 768),
+                                         (1024, 2304, 768), (1024, 3072, 768), (1024, 768, 3072),
+                                         (8192, 768, 768), (8192, 3072, 768))]
+"""Where launch latency and tile waste dominate: square 256 and 512, GPT-2 small's layer
+GEMMs at 1,024 and 8,192 tokens (its replays below run these shapes)."""
+ATTENTION = [[1, 32, 8, 4096, 128], [2, 16, 16, 2048, 64], [8, 32, 8, 1024, 128], [1, 12, 12, 1024, 64]]
+ELEMENTWISE = [2**16, 2**20, 2**22, 2**24, 2**27]
+OPTIMIZER = [2**20, 2**24, 2**27]
+REPLAYS = [("gpt2_small", ["model=gpt2_small", "parallel.micro_batch_size=1"]),
+           ("gpt2_small_mb8", ["model=gpt2_small", "parallel.micro_batch_size=8"]),
+           ("llama3_8b_l4", ["model=llama3_8b", "model.num_layers=4", "parallel.micro_batch_size=2"])]
+"""Single-GPU schedules replayed after the sweep: (directory, overrides)."""
+CLUSTERS = (("H200", "dgx_h200"), ("H100", "dgx_h100"), ("A100", "dgx_a100"), ("B200", "dgx_b200"))
+
+
+def cluster_for(device_name: str) -> str:
+    """The cluster config of a GPU by its CUDA name (H100 when unknown)."""
+    return next((c for key, c in CLUSTERS if key in device_name.upper()), "dgx_h100")
 
 
 def _list(x) -> str:
     return "[" + ",".join(_list(v) if isinstance(v, list) else str(v) for v in x) + "]"
 
 
-def plan(out: Path, gpus: int, quick: bool) -> list[tuple[str, list[str]]]:
-    """(title, command) of every step for a machine with ``gpus`` GPUs."""
+def plan(out: Path, gpus: int, quick: bool, cluster: str = "dgx_h100") -> list[tuple[str, list[str]]]:
+    """(title, command) of every step for a machine with ``gpus`` GPUs of ``cluster``'s kind."""
     repeats = "5" if quick else "20"
+    gemms = SMALL_GEMMS[:2] + GEMMS[:4] if quick else SMALL_GEMMS + GEMMS
     steps = [("kernel sweep on GPU 0", PARATWIN + [
         "bench", "what=[kernels]", "backend=nccl", "kernels.dtypes=[bf16,fp16,fp32]",
-        f"kernels.gemm={_list(GEMMS[:4] if quick else GEMMS)}",
+        f"kernels.gemm={_list(gemms)}",
         f"kernels.attention={_list(ATTENTION)}", f"kernels.elementwise={_list(ELEMENTWISE)}",
         f"kernels.optimizer={_list(OPTIMIZER)}", f"kernel_repeats={repeats}",
-        f"out_dir={out / 'kernels'}"]),
-        ("replayed single-GPU schedule (CUDA streams and events)", PARATWIN + [
-            "execute", "model=gpt2_small", "cluster=dgx_h100", "cluster.gpus_per_node=1",
-            "parallel=single", "backend=nccl", "steps=10", "warmup=3",
-            f"out_dir={out / 'execute_single'}"])]
+        f"out_dir={out / 'kernels'}"])]
+    steps += [(f"replayed single-GPU schedule {name} (CUDA streams and events)", PARATWIN + [
+        "execute", *overrides, f"cluster={cluster}", "cluster.gpus_per_node=1", "parallel=single",
+        "backend=nccl", "steps=10", "warmup=3", f"out_dir={out / 'execute' / name}"])
+        for name, overrides in (REPLAYS[:1] if quick else REPLAYS)]
     if gpus >= 2:
         steps += [
             ("NCCL collective sweep", PARATWIN + [
@@ -57,7 +76,7 @@ def plan(out: Path, gpus: int, quick: bool) -> list[tuple[str, list[str]]]:
                 "--world", str(gpus), "--backend", "nccl", "--sizes-mb", "16", "64", "256",
                 "--out", str(out / "replay_vs_bare")]),
             (f"replayed FSDP schedule on {gpus} GPUs", PARATWIN + [
-                "execute", "model=gpt2_small", "cluster=dgx_h100",
+                "execute", "model=gpt2_small", f"cluster={cluster}",
                 f"cluster.gpus_per_node={gpus}", "parallel=fsdp", "backend=nccl", "steps=10",
                 "warmup=3", f"out_dir={out / 'execute_fsdp'}"]),
         ]
@@ -70,6 +89,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repeats and shapes")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--gpus", type=int, default=None, help="pretend this many GPUs (dry run)")
+    ap.add_argument("--cluster", default=None,
+                    help="cluster config of the replays (default: from the GPU's name, e.g. dgx_h200)")
     args = ap.parse_args()
     import torch
 
@@ -79,7 +100,9 @@ def main() -> int:
               file=sys.stderr)
         return 2
     out = Path(args.out or ROOT / "reports" / "gpu_calibration" / time.strftime("%Y%m%d-%H%M%S"))
-    steps = plan(out, max(gpus, 1), args.quick)
+    cluster = args.cluster or cluster_for(torch.cuda.get_device_name(0) if gpus and not args.dry_run
+                                          else "")
+    steps = plan(out, max(gpus, 1), args.quick, cluster)
     failed = []
     for title, cmd in steps:
         print(f"== {title}\n   {' '.join(cmd)}", flush=True)
