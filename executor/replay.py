@@ -69,6 +69,9 @@ class StepTimes:
     times: list[OpTimes]
     peak_bytes: int
     """The peak of the executor's count of live alloc/free buffers."""
+    issued_ns: int = 0
+    """When the host had issued the step's last op, from the origin: on a GPU, before it
+    waits for the device, so a step about this long was bound by the host's issue."""
 
 
 def describe(op: Op) -> str:
@@ -146,11 +149,12 @@ class Replayer:
                 self._drain_memory()
             else:
                 raise ReplayError(f"rank {self.rank}: op {op.name!r} has unknown kind {op.kind!r}")
+        issued = time.perf_counter_ns() - self._origin
         self._finish()
         if self._mem_pending:
             names = [self.ops[i].name for i in self._mem_pending[:3]]
             raise ReplayError(f"rank {self.rank}: memory ops {names} never became ready")
-        return StepTimes(self._resolve(), self.memory.peak_bytes)
+        return StepTimes(self._resolve(), self.memory.peak_bytes, issued)
 
     def _report(self, i: int, waiting: bool = False) -> None:
         if self.reporter is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import platform
 import socket
+import statistics
 import time
 
 import torch
@@ -85,6 +86,7 @@ def replay_task(ctx: RankContext) -> None:
                            "per-host clocks aligned at each step's barrier")
     first_origin = None
     measured_peak: dict[str, float] = {}
+    issued: dict[str, list[float]] = {}
     spread = 0.0
     for step in range(warmup + steps):
         measured = step >= warmup
@@ -100,6 +102,7 @@ def replay_task(ctx: RankContext) -> None:
         peak = (torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda"
                 else result.peak_bytes)
         payload = {"rank": rank, "times": result.times, "origin_ns": replayer.origin_ns,
+                   "issued_ns": result.issued_ns,
                    "startup_s": s.get("startup_s"),
                    "peak": peak, "workspace": replayer.kernels.workspace_bytes
                    + replayer.pool.held_bytes}
@@ -115,6 +118,7 @@ def replay_task(ctx: RankContext) -> None:
             trace.spans.extend(spans_of(programs[p["rank"]], step - warmup, p["times"], base_us))
             key = str(p["rank"])
             measured_peak[key] = max(measured_peak.get(key, 0.0), float(p["peak"]))
+            issued.setdefault(key, []).append(p["issued_ns"] / 1e9)
             spread = max(spread, abs(p["origin_ns"] - origin0) / 1e3)
         with files_kept_whole():  # spans.json and summary.json of the same steps
             trace.meta.update(steps=step - warmup + 1)
@@ -133,6 +137,7 @@ def replay_task(ctx: RankContext) -> None:
                                            if ctx.device.type == "cuda" else
                                            "executor count of live alloc/free buffers"),
                 "workspace_bytes": {str(p["rank"]): p["workspace"] for p in gathered},
+                "host_issue_s": {k: statistics.median(v) for k, v in issued.items()},
                 "startup_s": {str(p["rank"]): p["startup_s"] for p in gathered
                               if p["startup_s"] is not None},
                 "clock": trace.meta["clock"],

@@ -16,7 +16,7 @@ from pathlib import Path
 COLLECTIVE_COLUMNS = ["kind", "group_size", "bytes", "dtype", "time_s_median", "time_s_p10",
                       "time_s_p90", "algbw_GBps", "busbw_GBps", "repeats", "backend"]
 KERNEL_COLUMNS = ["kind", "dtype", "shape", "flops", "bytes", "time_s_median", "time_s_p10",
-                  "time_s_p90", "repeats", "tflops", "GBps", "device"]
+                  "time_s_p90", "repeats", "tflops", "GBps", "device", "host_s_median"]
 
 
 def quantile(sorted_values: list[float], p: float) -> float:

@@ -116,12 +116,13 @@ def write_modelled(run_dir: Path, bench_dir: Path, cluster: ClusterSpec, profile
 
 def format_fits(profile: CostModel, report: dict, path: Path) -> str:
     lines = [f"profile {profile.name} -> {path}", "", "kernels (t = max(F/(P*E), B/(W*M)) + L):",
-             f"  {'kind/dtype':<20} {'E':>6} {'M':>6} {'L us':>8} {'resid med':>10} {'max':>7} {'pts':>4}"]
+             f"  {'kind/dtype':<20} {'E':>6} {'M':>6} {'L us':>8} {'resid med':>10} {'max':>7} {'pts':>4}"
+             f" {'host us':>8}"]
     for k, v in report["kernels"].items():
         p = v["params"]
         lines.append(f"  {k:<20} {p['efficiency']:>6.3f} {p['mem_efficiency']:>6.3f} "
                      f"{p['launch_us']:>8.1f} {v['residual_median']:>10.1%} {v['residual_max']:>7.1%} "
-                     f"{v['points']:>4}")
+                     f"{v['points']:>4}" + (f" {p['host_us']:>8.1f}" if "host_us" in p else ""))
     lines += ["", "collectives (t = latency + S / bw):",
               f"  {'kind/link/n':<26} {'latency us':>11} {'bw GB/s':>9} {'resid med':>10} {'max':>7}"]
     for k, v in report["collectives"].items():

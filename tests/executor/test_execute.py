@@ -52,6 +52,8 @@ def test_every_preset_replays_with_verified_collectives(preset, tmp_path, execut
     assert summary["steps"] == 2 and summary["world_size"] == world
     assert summary["step_time_p10_s"] <= summary["step_time_s"] <= summary["step_time_p90_s"]
     assert summary["verify"] is True and summary["source"] == "executor"
+    assert sorted(summary["host_issue_s"]) == sorted(map(str, programs))
+    assert all(0 < t < 60 for t in summary["host_issue_s"].values())
     for rank, prog in programs.items():
         measured = summary["measured_peak_memory_bytes"][str(rank)]
         allocated = sum(op.bytes for op in prog.ops if op.kind == "alloc")

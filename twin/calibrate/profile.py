@@ -9,6 +9,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 from twin.calibrate.fit import FitResult, KernelPoint, fit_kernel, fit_latency_bandwidth, robust_cv
 from twin.cost import SHAPE_RANGE, CostModel, KernelCost, default_cost_model, shape_key
 from twin.rundir import BENCH_META
@@ -51,19 +53,27 @@ def read_modelled(path: Path) -> list[dict]:
 
 
 def fit_kernels(rows: list[dict], cluster: ClusterSpec, base: CostModel, dtype: str):
-    """KernelCost per (dtype, kind) and the residuals; ``dtype``'s fits become the defaults."""
+    """KernelCost per (dtype, kind) and the residuals; ``dtype``'s fits become the defaults.
+    Where the rows carry the host's time to issue a call (``host_s_median``: a GPU sweep), a
+    kind's ``host_us`` is the median of its rows'; else it stays 0 (on CPU the call is the
+    host's own work, already in its time)."""
     groups: dict[tuple[str, str], list[KernelPoint]] = defaultdict(list)
+    hosts: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in rows:
         kind = KERNEL_KIND.get(str(r["kind"]))
         if kind is None or r["dtype"] not in cluster.gpu.peak_tflops:
             continue
         groups[(str(r["dtype"]), kind)].append(KernelPoint(r["flops"], r["bytes"], r["time_s_median"]))
+        if isinstance(r.get("host_s_median"), float):
+            hosts[(str(r["dtype"]), kind)].append(r["host_s_median"])
     by_dtype: dict[str, dict[str, KernelCost]] = defaultdict(dict)
     fits: dict[str, FitResult] = {}
     for (dt, kind), points in sorted(groups.items()):
         fit = fit_kernel(points, cluster.gpu.peak_flops(dt), cluster.gpu.hbm_bw_GBps * 1e9,
                          base.kernel(kind), memory_bound=kind in ("elementwise", "optimizer"),
                          fit_memory=kind != "attention")
+        if hosts[(dt, kind)]:
+            fit.params["host_us"] = float(np.median(hosts[(dt, kind)])) * 1e6
         by_dtype[dt][kind] = KernelCost(**fit.params)
         fits[f"{kind}/{dt}"] = fit
     defaults = {k: v for k, v in by_dtype.get(dtype, {}).items()}
