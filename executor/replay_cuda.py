@@ -32,18 +32,26 @@ class CudaReplayer(Replayer):
         super().__init__(*args, **kwargs)
         # one side stream per communicator key, or per ("p2p", kind, peer) direction
         self._side: dict[tuple, torch.cuda.Stream] = {}
+        # each op's start and end events, made once and recorded again every step (a step's
+        # times are read after its final synchronize): a new CUDA event per record would add
+        # its creation to the host's time per op, which a training step does not pay
+        self._pooled: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
 
-    def _event(self, stream=None) -> torch.cuda.Event:
-        ev = torch.cuda.Event(enable_timing=True)
+    def _event(self, i: int, end: bool, stream=None) -> torch.cuda.Event:
+        """Op ``i``'s start (or end) event, recorded now on ``stream`` (default: the current)."""
+        ev = self._pooled[i][end]
         ev.record(stream)
         return ev
 
     def _begin(self) -> None:
         torch.cuda.synchronize(self.device)
+        if self._pooled is None:
+            self._pooled = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                            for _ in range(len(self.ops) + 1)]
         self._origin = self.origin_ns = time.perf_counter_ns()
         self._ev_start: dict[int, torch.cuda.Event] = {}
         self._ev_end: dict[int, torch.cuda.Event] = {}
-        self._origin_ev = self._event()
+        self._origin_ev = self._event(len(self.ops), False)
 
     def _side_stream(self, i: int, op: Op) -> torch.cuda.Stream:
         key = self.key[i] or ("p2p", op.kind, op.peer)
@@ -52,9 +60,9 @@ class CudaReplayer(Replayer):
         return self._side[key]
 
     def _compute(self, i: int, op: Op) -> None:
-        self._ev_start[i] = self._event()
+        self._ev_start[i] = self._event(i, False)
         self.kernels.run(op)
-        self._ev_end[i] = self._event()
+        self._ev_end[i] = self._event(i, True)
 
     def _launch(self, i: int, op: Op) -> None:
         side = self._side_stream(i, op)
@@ -62,10 +70,10 @@ class CudaReplayer(Replayer):
             if d in self._ev_end:
                 side.wait_event(self._ev_end[d])
         with torch.cuda.stream(side):
-            self._ev_start[i] = self._event(side)
+            self._ev_start[i] = self._event(i, False, side)
             issued = collectives.issue(self.comms.for_op(op), op, self.rank, self.pool, self.verify)
             issued.work.wait()  # the side stream waits for the NCCL kernel; the host does not
-            self._ev_end[i] = self._event(side)
+            self._ev_end[i] = self._event(i, True, side)
         self._issued[i] = issued
 
     def _wait(self, d: int, at: int) -> None:
@@ -79,7 +87,7 @@ class CudaReplayer(Replayer):
             torch.cuda.current_stream(self.device).wait_event(ev)
 
     def _reach_memory(self, i: int) -> None:
-        self._ev_start[i] = self._event()
+        self._ev_start[i] = self._event(i, False)
 
     def _is_done(self, d: int) -> bool:
         if self.ops[d].is_memory:

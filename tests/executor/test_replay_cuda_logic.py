@@ -79,3 +79,9 @@ def test_cuda_path_times_every_op_from_events(monkeypatch):
     assert rep._ev_end[names.index("A")] in side.waits
     # the count lies between the program-order peak (a freed before b) and both at once
     assert 1000 <= result.peak_bytes <= 1500 and not rep._issued and not rep._mem_pending
+    assert 0 < result.issued_ns
+    # a second step records the same events again (made once per op, not per record)
+    first = {i: (rep._ev_start[i], rep._ev_end[i]) for i in range(len(prog.ops))}
+    again = rep.run_step(1)
+    assert all(rep._ev_start[i] is s and rep._ev_end[i] is e for i, (s, e) in first.items())
+    assert len(again.times) == len(prog.ops) and all(0 <= s <= e for s, e in again.times)
