@@ -33,6 +33,13 @@ SMALL_GEMMS = [[m, n, k] for m, n, k in ((256, 256, 256), (512, 512, 512), (1024
                                          (8192, 768, 768), (8192, 3072, 768))]
 """Where launch latency and tile waste dominate: square 256 and 512, GPT-2 small's layer
 GEMMs at 1,024 and 8,192 tokens (its replays below run these shapes)."""
+UNALIGNED_GEMMS = [[m, n, k] for m, n, k in ((4096, 50257, 1024), (4096, 50304, 1024), (2048, 32001, 2048),
+                                             (4096, 1024, 32001), (4096, 4100, 4096), (4096, 4096, 4100),
+                                             (4100, 4096, 4096))]
+"""n or k not a multiple of 8 elements (GPT-2's 50,257 vocabulary, a 32,001 one) beside aligned
+twins (50,304; m = 4,100, which is no leading dimension): calibrate fits the share of
+efficiency such GEMMs keep (KernelCost.unaligned_efficiency). None is a shape the replays run,
+so the replays' LM-head GEMMs (n = 50,257) test it on shapes the fit never saw."""
 ATTENTION = [[1, 32, 8, 4096, 128], [2, 16, 16, 2048, 64], [8, 32, 8, 1024, 128], [1, 12, 12, 1024, 64]]
 ELEMENTWISE = [2**16, 2**20, 2**22, 2**24, 2**27]
 OPTIMIZER = [2**20, 2**24, 2**27]
@@ -55,7 +62,8 @@ def _list(x) -> str:
 def plan(out: Path, gpus: int, quick: bool, cluster: str = "dgx_h100") -> list[tuple[str, list[str]]]:
     """(title, command) of every step for a machine with ``gpus`` GPUs of ``cluster``'s kind."""
     repeats = "5" if quick else "20"
-    gemms = SMALL_GEMMS[:2] + GEMMS[:4] if quick else SMALL_GEMMS + GEMMS
+    gemms = SMALL_GEMMS[:2] + GEMMS[:4] + UNALIGNED_GEMMS[:2] if quick else \
+        SMALL_GEMMS + GEMMS + UNALIGNED_GEMMS
     steps = [("kernel sweep on GPU 0", PARATWIN + [
         "bench", "what=[kernels]", "backend=nccl", "kernels.dtypes=[bf16,fp16,fp32]",
         f"kernels.gemm={_list(gemms)}",

@@ -5,7 +5,8 @@ Run: python benchmarks/gpu_replays.py RESULTS_DIR [PROFILE ...]
 benchmarks/results/h200_20261204, whose execute/NAME directories are the replays; PROFILE: a
 name under conf/profiles or a path; default the cluster's own profile (`auto`) and the kernel
 sweep's fit, written by `paratwin calibrate bench_dir=RESULTS_DIR/kernels` into a temporary
-file). The replays are data the kernel fit never saw: each is a whole step of the schedule's
+file; it is shown also without its shape factors, which time each swept shape as measured).
+The replays are data the kernel fit never saw: each is a whole step of the schedule's
 ops, issued by the host one after another as in training, where the sweep timed each kernel
 alone.
 
@@ -18,6 +19,7 @@ error can be traced to the kind that makes it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -93,7 +95,14 @@ def main() -> None:
         profiles = {}
         for n in names:
             path = ROOT / "conf" / "profiles" / f"{n}.yaml" if "/" not in n else Path(n)
-            profiles["kernel sweep fit" if n.endswith("kernels.yaml") else n] = CostModel.load(path)
+            cost = CostModel.load(path)
+            if n.endswith("kernels.yaml"):
+                profiles["kernel sweep fit"] = cost
+                # its closed forms alone: the sweep's shape factors time a swept shape as measured,
+                # and some swept GEMM shapes are the replays' own
+                profiles["sweep, no shape factors"] = dataclasses.replace(cost, shape_factors={})
+            else:
+                profiles[n] = cost
         compare(runs, profiles)
 
 

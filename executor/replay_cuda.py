@@ -40,11 +40,12 @@ class CudaReplayer(Replayer):
     def _event(self, i: int, end: bool, stream=None) -> torch.cuda.Event:
         """Op ``i``'s start (or end) event, recorded now on ``stream`` (default: the current)."""
         ev = self._pooled[i][end]
-        ev.record(stream)
+        ev.record(stream or self._stream)  # named: Event.record(None) looks the stream up per call
         return ev
 
     def _begin(self) -> None:
         torch.cuda.synchronize(self.device)
+        self._stream = torch.cuda.current_stream(self.device)
         if self._pooled is None:
             self._pooled = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                             for _ in range(len(self.ops) + 1)]
@@ -84,7 +85,7 @@ class CudaReplayer(Replayer):
         if self.is_async[at]:
             self._side_stream(at, self.ops[at]).wait_event(ev)
         else:
-            torch.cuda.current_stream(self.device).wait_event(ev)
+            self._stream.wait_event(ev)
 
     def _reach_memory(self, i: int) -> None:
         self._ev_start[i] = self._event(i, False)

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from twin.files import write_text_atomic
+from twin.kernelshape import gemm_aligned, gemm_utilization, shape_key, timed_flops
 from twin.profilecheck import profile_problems as _profile_problems
 from twin.schedule.ir import Op
 from twin.spec import ClusterSpec, ConfigError, GPUSpec
@@ -53,6 +54,11 @@ class KernelCost:
     tile_exponent: float = 1.0
     """How much of that loss is paid: efficiency x utilization ** this (cuBLAS's smaller
     tiles and split-K win some of it back; 0: none paid, 1: all)."""
+    unaligned_efficiency: float = 1.0
+    """Share of its efficiency a GEMM keeps when its n or k (the leading dimensions of a
+    row-major m x k by k x n product) is not a multiple of 16 bytes' elements (8 in bf16):
+    cuBLAS then cannot use its vectorized tensor-core kernels (GPT-2's 50,257-token vocabulary;
+    Megatron pads the vocabulary for this). 1: no loss (CPUs; profiles that never measured it)."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +206,8 @@ class CostModel:
             if k.tile and op.kind == "gemm" and len(op.shape) >= 2:
                 eff *= gemm_utilization(op.shape[0], op.shape[1], k.tile,
                                         gpu.sm_count) ** k.tile_exponent
+            if k.unaligned_efficiency != 1.0 and op.kind == "gemm" and not gemm_aligned(op):
+                eff *= k.unaligned_efficiency
             t = flops / (gpu.peak_flops(op.dtype or "bf16") * eff)
         if op.bytes:
             t = max(t, op.bytes / (gpu.hbm_bw_GBps * 1e9 * k.mem_efficiency))
@@ -321,19 +329,6 @@ def call_role(op: Op) -> str:
     return op.group_name.partition("-")[0] or "pp"
 
 
-def shape_key(op: Op) -> str:
-    """The key of a kernel shape in ``CostModel.shape_factors``: kind, dtype and shape, e.g.
-    ``gemm:fp16:2048x1536x1024`` (gemm m x n x k; attention batch x heads x kv_heads x seq x
-    head_dim x flash)."""
-    return f"{op.kind}:{op.dtype or 'bf16'}:{'x'.join(str(int(d)) for d in op.shape)}"
-
-
-def timed_flops(op: Op) -> float:
-    """The FLOPs a compute op is timed by: a causal attention kernel skips the masked half."""
-    causal = op.kind == "attention" and len(op.shape) > 5 and op.shape[5]
-    return op.flops * (0.5 if causal else 1.0)
-
-
 def profile_problems(data: dict) -> list[str]:
     """Every problem of a profile's data, each naming its key path (empty: fine)."""
     return _profile_problems(data, [f.name for f in dataclasses.fields(CostModel)
@@ -356,18 +351,6 @@ def default_cost_model(cluster: ClusterSpec) -> CostModel:
             optimizer=KernelCost(efficiency=0.3, mem_efficiency=0.4, launch_us=30),
             base_latency_us=60.0)
     return model
-
-
-def gemm_utilization(m: int, n: int, tile: int, sm_count: int | None = None) -> float:
-    """Fraction of the GPU an m x n GEMM output keeps busy: its useful share of the padded
-    tiles, times the share of SMs busy over its waves (tiles / (waves * sm_count))."""
-    tm, tn = -(-int(m) // tile), -(-int(n) // tile)
-    tiles = tm * tn
-    util = (m * n) / (tiles * tile * tile)
-    if sm_count:
-        waves = -(-tiles // sm_count)
-        util *= tiles / (waves * sm_count)
-    return util
 
 
 def ring_allreduce_time(nbytes: float, n: int, bw_Bps: float, alpha_s: float) -> float:

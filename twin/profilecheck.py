@@ -18,7 +18,8 @@ KERNEL_RANGES = {"efficiency": (_POSITIVE, "fraction of peak FLOP/s reached"),
                  "launch_us": (_NON_NEGATIVE, "fixed cost per op, us"),
                  "host_us": (_NON_NEGATIVE, "host time to issue one op, us"),
                  "tile": (_NON_NEGATIVE, "GEMM output tile edge; 0: none"),
-                 "tile_exponent": (_NON_NEGATIVE, "share of the tile and wave loss paid")}
+                 "tile_exponent": (_NON_NEGATIVE, "share of the tile and wave loss paid"),
+                 "unaligned_efficiency": (_POSITIVE, "share kept by a GEMM of unaligned n or k")}
 LINK_RANGES = {"bw_efficiency": (_POSITIVE, "fraction of the line rate reached"),
                "latency_us": (_NON_NEGATIVE, "per-hop latency, us; null: the cluster's")}
 SCALAR_RANGES = {"base_latency_us": (_NON_NEGATIVE, "fixed cost of a collective, us"),

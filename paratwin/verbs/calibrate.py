@@ -122,7 +122,9 @@ def format_fits(profile: CostModel, report: dict, path: Path) -> str:
         p = v["params"]
         lines.append(f"  {k:<20} {p['efficiency']:>6.3f} {p['mem_efficiency']:>6.3f} "
                      f"{p['launch_us']:>8.1f} {v['residual_median']:>10.1%} {v['residual_max']:>7.1%} "
-                     f"{v['points']:>4}" + (f" {p['host_us']:>8.1f}" if "host_us" in p else ""))
+                     f"{v['points']:>4}" + (f" {p['host_us']:>8.1f}" if "host_us" in p else "")
+                     + (f"  unaligned n/k x{p['unaligned_efficiency']:.3f}"
+                        if "unaligned_efficiency" in p else ""))
     lines += ["", "collectives (t = latency + S / bw):",
               f"  {'kind/link/n':<26} {'latency us':>11} {'bw GB/s':>9} {'resid med':>10} {'max':>7}"]
     for k, v in report["collectives"].items():

@@ -12,11 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 
-from twin.calibrate.profile import read_modelled
+from twin.calibrate.profile import bench_op, read_modelled
 from twin.cost import CostModel, default_cost_model
 from twin.rundir import BENCH_META, MODELLED
 from twin.schedule.ir import Op, Program
@@ -47,10 +46,6 @@ def collective_time(kind: str, n: int, nbytes: float, cluster: ClusterSpec, cost
     return sim.run()
 
 
-def _shape(text) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", str(text)))
-
-
 def base_kind(kind) -> str:
     """'attention.bwd' -> 'attention': the cost model's kind of a benchmarked kernel."""
     return str(kind).split(".")[0]
@@ -58,10 +53,7 @@ def base_kind(kind) -> str:
 
 def kernel_time(row: dict, cluster: ClusterSpec, cost: CostModel) -> float:
     """``CostModel.compute_time`` of a synthetic op with the benchmark row's figures."""
-    op = Op(name="bench", kind=base_kind(row["kind"]), stream="compute", shape=_shape(row.get("shape", "")),
-            dtype=str(row.get("dtype") or next(iter(cluster.gpu.peak_tflops))),
-            flops=float(row.get("flops") or 0.0), bytes=float(row.get("bytes") or 0.0))
-    return cost.compute_time(op, cluster.gpu)
+    return cost.compute_time(bench_op(row, next(iter(cluster.gpu.peak_tflops))), cluster.gpu)
 
 
 MODELLED_COLUMNS = ["table", "kind", "dtype", "group_size", "shape", "bytes", "flops",

@@ -11,8 +11,16 @@ from pathlib import Path
 
 import numpy as np
 
-from twin.calibrate.fit import FitResult, KernelPoint, fit_kernel, fit_latency_bandwidth, robust_cv
-from twin.cost import SHAPE_RANGE, CostModel, KernelCost, default_cost_model, shape_key
+from twin.calibrate.fit import (
+    FitResult,
+    KernelPoint,
+    fit_kernel,
+    fit_latency_bandwidth,
+    kernel_time,
+    robust_cv,
+)
+from twin.cost import SHAPE_RANGE, CostModel, KernelCost, default_cost_model
+from twin.kernelshape import gemm_aligned, shape_key, timed_flops
 from twin.rundir import BENCH_META
 from twin.schedule.ir import Op
 from twin.spec import ClusterSpec
@@ -52,18 +60,34 @@ def read_modelled(path: Path) -> list[dict]:
     return [r for r in read_csv(Path(path)) if isinstance(r.get("time_s_model"), float)]
 
 
+def bench_op(row: dict, dtype: str) -> Op:
+    """The op a kernel-sweep row timed: its cost-model kind ('attention.bwd' -> 'attention'),
+    shape (parsed from '1x32x8x4096x128x1'), dtype (``dtype`` where the row has none), FLOPs
+    and bytes."""
+    return Op(name="bench", kind=str(row["kind"]).split(".")[0], stream="compute",
+              shape=tuple(int(x) for x in re.findall(r"\d+", str(row.get("shape", "")))),
+              dtype=str(row.get("dtype") or dtype), flops=float(row.get("flops") or 0.0),
+              bytes=float(row.get("bytes") or 0.0))
+
+
 def fit_kernels(rows: list[dict], cluster: ClusterSpec, base: CostModel, dtype: str):
     """KernelCost per (dtype, kind) and the residuals; ``dtype``'s fits become the defaults.
     Where the rows carry the host's time to issue a call (``host_s_median``: a GPU sweep), a
     kind's ``host_us`` is the median of its rows'; else it stays 0 (on CPU the call is the
-    host's own work, already in its time)."""
+    host's own work, already in its time). GEMMs of unaligned n or k (kernelshape.gemm_aligned)
+    are left out of their kind's fit and give its ``unaligned_efficiency`` instead."""
     groups: dict[tuple[str, str], list[KernelPoint]] = defaultdict(list)
+    unaligned: dict[tuple[str, str], list[KernelPoint]] = defaultdict(list)
     hosts: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in rows:
         kind = KERNEL_KIND.get(str(r["kind"]))
         if kind is None or r["dtype"] not in cluster.gpu.peak_tflops:
             continue
-        groups[(str(r["dtype"]), kind)].append(KernelPoint(r["flops"], r["bytes"], r["time_s_median"]))
+        # by the FLOPs the cost model times it by (a causal attention skips the masked half)
+        op = bench_op(r, dtype)
+        point = KernelPoint(timed_flops(op), r["bytes"], r["time_s_median"])
+        aligned = kind != "gemm" or gemm_aligned(op)
+        (groups if aligned else unaligned)[(str(r["dtype"]), kind)].append(point)
         if isinstance(r.get("host_s_median"), float):
             hosts[(str(r["dtype"]), kind)].append(r["host_s_median"])
     by_dtype: dict[str, dict[str, KernelCost]] = defaultdict(dict)
@@ -72,6 +96,9 @@ def fit_kernels(rows: list[dict], cluster: ClusterSpec, base: CostModel, dtype: 
         fit = fit_kernel(points, cluster.gpu.peak_flops(dt), cluster.gpu.hbm_bw_GBps * 1e9,
                          base.kernel(kind), memory_bound=kind in ("elementwise", "optimizer"),
                          fit_memory=kind != "attention")
+        if unaligned[(dt, kind)]:
+            fit = fit_unaligned(fit, unaligned[(dt, kind)], cluster.gpu.peak_flops(dt),
+                                cluster.gpu.hbm_bw_GBps * 1e9)
         if hosts[(dt, kind)]:
             fit.params["host_us"] = float(np.median(hosts[(dt, kind)])) * 1e6
         by_dtype[dt][kind] = KernelCost(**fit.params)
@@ -80,17 +107,32 @@ def fit_kernels(rows: list[dict], cluster: ClusterSpec, base: CostModel, dtype: 
     return defaults, dict(by_dtype), fits
 
 
+def fit_unaligned(fit: FitResult, points: list[KernelPoint], peak: float, hbm_Bps: float) -> FitResult:
+    """``fit`` (of a GEMM kind's aligned points) with its ``unaligned_efficiency``: the median
+    over the unaligned ``points`` of the share of the fitted efficiency their compute time
+    shows (launch excluded; at most 1), and their residuals under it added."""
+    p, launch = fit.params, fit.params["launch_us"] * 1e-6
+    flops = np.array([pt.flops for pt in points])
+    compute = kernel_time(p, flops, np.zeros(len(points)), peak, hbm_Bps) - launch
+    shares = [c / (pt.time_s - launch) for c, pt in zip(compute, points) if pt.time_s > launch and c > 0]
+    if not shares:
+        return fit
+    params = {**p, "unaligned_efficiency": min(1.0, float(np.median(shares)))}
+    slowed = {**params, "efficiency": params["efficiency"] * params["unaligned_efficiency"]}
+    modelled = kernel_time(slowed, flops, np.array([pt.bytes for pt in points]), peak, hbm_Bps)
+    res = [float(t / pt.time_s - 1) for t, pt in zip(modelled, points)]
+    return FitResult(params=params, residuals=list(fit.residuals) + res)
+
+
 def sweep_shape_factors(rows: list[dict], cluster: ClusterSpec, cost: CostModel) -> dict:
     """``CostModel.shape_factors`` of the swept GEMM shapes: measured over modelled time under
     ``cost`` (its fitted kernels), launch excluded, within the step fit's bounds; the shapes
     of a schedule that were swept are then timed as measured."""
     out = {}
     for r in rows:
-        dims = tuple(int(x) for x in re.findall(r"\d+", str(r.get("shape", ""))))
-        if r["kind"] != "gemm" or len(dims) != 3 or r.get("dtype") not in cluster.gpu.peak_tflops:
+        op = bench_op(r, "")
+        if r["kind"] != "gemm" or len(op.shape) != 3 or op.dtype not in cluster.gpu.peak_tflops:
             continue
-        op = Op(name="sweep", kind="gemm", stream="compute", shape=dims, dtype=str(r["dtype"]),
-                flops=float(r.get("flops") or 0.0), bytes=float(r.get("bytes") or 0.0))
         launch = cost.kernel("gemm", op.dtype).launch_us * 1e-6
         model = cost.compute_time(op, cluster.gpu) - launch
         if model > 0 and r["time_s_median"] > launch:

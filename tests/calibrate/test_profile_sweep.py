@@ -1,4 +1,4 @@
-"""A GPU kernel sweep's host column becomes each kind's host_us; a CPU sweep's leaves it at 0."""
+"""Profiles fitted to kernel sweeps: the host column of a GPU sweep, causal attention."""
 
 from __future__ import annotations
 
@@ -56,3 +56,31 @@ def test_without_host_times_host_us_stays_zero(tmp_path, gpu):
     profile, report = build_profile(tmp_path / "cpu", gpu, "c", "bf16")
     assert profile.kernel("gemm", "bf16").host_us == 0.0
     assert "host_us" not in report["kernels"]["gemm/bf16"]["params"]
+
+
+def test_causal_attention_fits_by_the_flops_it_is_timed_by(tmp_path, gpu):
+    """A causal attention kernel does half the FLOPs its op counts (cost.timed_flops): rows
+    timed by the cost model with E = 0.6, L = 20 us fit back to those, forward and backward."""
+    from twin.cost import CostModel, KernelCost
+    from twin.schedule.ir import Op
+
+    truth = CostModel(name="t", attention=KernelCost(efficiency=0.6, launch_us=20.0))
+    (tmp_path / "attn").mkdir()
+    with open(tmp_path / "attn" / "kernels.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(KERNEL_COLUMNS)
+        for batch, heads, seq, d in ((1, 8, 1024, 64), (2, 16, 2048, 64), (1, 32, 4096, 128),
+                                     (4, 32, 2048, 128)):
+            shape = (batch, heads, heads, seq, d, 1)
+            for kind, scale in (("attention", 1.0), ("attention.bwd", 2.5)):
+                flops = 4.0 * batch * heads * seq * seq * d * scale
+                op = Op(name="a", kind="attention", stream="compute", shape=shape, dtype="bf16",
+                        flops=flops, bytes=0.0)
+                t = truth.compute_time(op, gpu.gpu)
+                w.writerow([kind, "bf16", "x".join(map(str, shape)), flops, 0.0, t, t, t, 5, 0, 0,
+                            "gpu", ""])
+    profile, report = build_profile(tmp_path / "attn", gpu, "a", "bf16")
+    fitted = profile.kernel("attention", "bf16")
+    assert fitted.efficiency == pytest.approx(0.6, rel=0.02)
+    assert fitted.launch_us == pytest.approx(20.0, rel=0.05)
+    assert report["kernels"]["attention/bf16"]["residual_median"] < 0.01
