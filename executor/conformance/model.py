@@ -61,8 +61,9 @@ def rope(x: torch.Tensor, head_dim: int, positions: torch.Tensor | None = None) 
     """Rotate pairs (x[2i], x[2i+1]) of x (batch, seq, heads, d) by position * base^(-2i/d)
     (positions: 0..seq-1, or the sequence positions a CP rank holds)."""
     seq = x.shape[1]
-    inv = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    pos = torch.arange(seq, dtype=torch.float32) if positions is None else positions.float()
+    inv = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=x.device) / head_dim)
+    pos = torch.arange(seq, dtype=torch.float32, device=x.device) if positions is None \
+        else positions.float().to(x.device)
     ang = torch.outer(pos, inv)  # (seq, d/2)
     cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
     x1, x2 = x[..., 0::2], x[..., 1::2]
