@@ -173,6 +173,23 @@ def allreduce_fit(busbw: list[float]):
     return fit.params["alpha_s"] * 1e6, 1 / fit.params["beta_s_per_byte"] / 1e9, fit
 
 
+SWEEP_H200 = ROOT / "benchmarks" / "results" / "h200_20261204d" / "kernels"
+"""A kernel sweep measured on one H200 by this repository (benchmarks/gpu_calibration.py,
+torch 2.11.0+cu130): the only source of the unaligned-GEMM share below."""
+
+
+def unaligned_share() -> float:
+    """The share of efficiency bf16 GEMMs of n or k not a multiple of 8 keep, as `paratwin
+    calibrate` fits it to SWEEP_H200 (KernelCost.unaligned_efficiency)."""
+    from paratwin.config import preset_cluster
+    from twin.calibrate.profile import fit_kernels, read_csv
+
+    cluster = preset_cluster("dgx_h200")
+    rows = [r for r in read_csv(SWEEP_H200 / "kernels.csv") if r["kind"] == "gemm"]
+    _, by_dtype, _ = fit_kernels(rows, cluster, CostModel(name="sweep"), "bf16")
+    return by_dtype["bf16"]["gemm"].unaligned_efficiency
+
+
 def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
     """The profile of dgx_<gpu> and, per parameter path, the source and arithmetic."""
     job = job or default_job()
@@ -184,8 +201,9 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
     msmf, mamf = FIGURES["gemm_msmf_over_mamf"][0]
     sustained = msmf / mamf
     g_eff = FIGURES["gemm_mamf_tflops"][0] / PEAK_BF16 * sustained
+    unaligned = unaligned_share()
     gemm = KernelCost(efficiency=g_eff, half_flops=0.0, mem_efficiency=copy, launch_us=3.0,
-                      host_us=12.0, tile=128, tile_exponent=1.0)
+                      host_us=12.0, tile=128, tile_exponent=1.0, unaligned_efficiency=unaligned)
     fp8 = dataclasses.replace(
         gemm, efficiency=FIGURES["gemm_fp8_mamf_tflops"][0] / PEAK_FP8 * sustained)
     notes.update({
@@ -197,7 +215,8 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
             f"[{MAMF_FP8}] x the bf16 sustained/burst {sustained:.4f} (ASSUMPTION: no FP8 MSMF "
             "published)"),
         **{f"kernels_by_dtype.fp8.gemm.{f}": f"as gemm.{f}" for f in
-           ("half_flops", "mem_efficiency", "launch_us", "host_us", "tile", "tile_exponent")},
+           ("half_flops", "mem_efficiency", "launch_us", "host_us", "tile", "tile_exponent",
+            "unaligned_efficiency")},
         "gemm.half_flops": "0: size dependence comes from tile and wave quantization below",
         "gemm.mem_efficiency": f"HBM Copy fraction: {notes['hbm']}",
         "gemm.launch_us": "ASSUMPTION: no published H100 small-GEMM timing found; 3 us "
@@ -208,6 +227,12 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
                      "128x128 / 128x256 tiles) over GPUSpec.sm_count=132",
         "gemm.tile_exponent": "ASSUMPTION: the whole tile and wave loss is paid (no H100 "
                               "figure separates it)",
+        "gemm.unaligned_efficiency": (
+            f"measured here, not published: the share of efficiency bf16 GEMMs of n or k not a "
+            f"multiple of 8 kept on one H200 (n = 50,257 or 32,001: 130-141 TFLOP/s; paratwin "
+            f"calibrate bench_dir={SWEEP_H200.relative_to(ROOT)})"
+            + ("" if gpu == "h200" else "; ASSUMPTION: the H100's the same (one Hopper chip, "
+               "the same cuBLAS kernels)")),
     })
     fa = attention_fit()
     scale = 1.0
