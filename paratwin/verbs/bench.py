@@ -98,9 +98,11 @@ def run(cfg) -> dict:
     backend = _local_checks(c)
     out = rundir.prepare(Path(c["out_dir"]), "bench", bool(cfg.get("force", False)))
     (out / rundir.CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    meta = machine_meta(backend, c["world_size"], c["threads"])
-    meta["sizes_bytes"] = message_sizes(c["min_bytes"], c["max_bytes"], c["step_factor"])
-    meta["group_sizes"] = group_sizes(c["world_size"], c.get("group_sizes"))
+    collectives = "collectives" in c["what"]  # a kernel sweep alone runs one process
+    meta = machine_meta(backend, c["world_size"] if collectives else 1, c["threads"])
+    if collectives:
+        meta["sizes_bytes"] = message_sizes(c["min_bytes"], c["max_bytes"], c["step_factor"])
+        meta["group_sizes"] = group_sizes(c["world_size"], c.get("group_sizes"))
     rundir.write_json(out / rundir.BENCH_META, meta)
     files = {"meta": str(out / rundir.BENCH_META)}
     quiet = c["format"] == "json"
@@ -109,7 +111,7 @@ def run(cfg) -> dict:
         if not quiet:
             print(message, flush=True)
 
-    if "collectives" in c["what"]:
+    if collectives:
         settings = {"task": "bench_collectives", "world_size": c["world_size"],
                     "backend": backend, "threads": c["threads"], "timeout_s": c["timeout_s"],
                     "comm_timeout_s": 2 * c["timeout_s"] + 30,
