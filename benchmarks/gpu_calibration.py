@@ -1,11 +1,15 @@
 """Calibration data from a GPU machine in minutes: kernel sweep, collective sweep, replayed schedules.
 
 On one GPU: the kernel sweep (GEMM over shapes and dtypes, from 256^3 and GPT-2's own
-layer shapes, where launch latency dominates, up to 16k x 8k; attention forward and
-backward, elementwise, fused Adam) and three replayed single-GPU schedules (the executor's
-CUDA path: streams, events, torch.cuda.max_memory_allocated) for holding the fitted
-profile to data it never saw: GPT-2 small at micro-batch 1 (host-bound: small kernels)
-and 8, and a 4-layer Llama-3 8B at micro-batch 2 (large GEMMs). With several GPUs also: the
+layer shapes, where launch latency dominates, up to 16k x 8k, and GEMMs of unaligned n or
+k; attention forward and backward, elementwise, fused Adam), three replayed single-GPU
+schedules (the executor's CUDA path: streams, events, torch.cuda.max_memory_allocated) for
+holding the fitted profile to data it never saw: GPT-2 small at micro-batch 1 (host-bound:
+small kernels) and 8, and a 4-layer Llama-3 8B at micro-batch 2 (large GEMMs); then real
+eager PyTorch training of the same sizes (torch_train_gpu.py), a GEMM's sustained rate
+(gemm_sustained.py) and the replay's own host cost (replay_host.py). Each step's output is
+kept in --out/logs/stepK.log. Read the results with gpu_replays.py and torch_train_gpu.py
+(benchmarks/results/H200.md: what one H200 gave). With several GPUs also: the
 NCCL collective sweep (every IR kind, 4 KB to 256 MB, group sizes 2, 4, ... n), the
 replayed-vs-bare all-reduce comparison, and one replayed multi-GPU schedule (FSDP).
 Everything lands under --out (default reports/gpu_calibration/<timestamp>); feed the
@@ -74,6 +78,15 @@ def plan(out: Path, gpus: int, quick: bool, cluster: str = "dgx_h100") -> list[t
         "execute", *overrides, f"cluster={cluster}", "cluster.gpus_per_node=1", "parallel=single",
         "backend=nccl", "steps=10", "warmup=3", f"out_dir={out / 'execute' / name}"])
         for name, overrides in (REPLAYS[:1] if quick else REPLAYS)]
+    bench = ROOT / "benchmarks"
+    steps += [  # what the twin is held to beyond its executor, and where the time goes
+        ("real eager PyTorch training steps (torch_train_gpu.py)", [
+            sys.executable, str(bench / "torch_train_gpu.py"), "--measure", str(out / "torch_train.json"),
+            "--steps", "5" if quick else "10"]),
+        ("a GEMM's burst and sustained rate (gemm_sustained.py)", [
+            sys.executable, str(bench / "gemm_sustained.py"), "--seconds", "2" if quick else "4"]),
+        ("the replay's own host cost per op (replay_host.py)", [
+            sys.executable, str(bench / "replay_host.py"), "--steps", "10" if quick else "20"])]
     if gpus >= 2:
         steps += [
             ("NCCL collective sweep", PARATWIN + [
@@ -89,6 +102,17 @@ def plan(out: Path, gpus: int, quick: bool, cluster: str = "dgx_h100") -> list[t
                 "warmup=3", f"out_dir={out / 'execute_fsdp'}"]),
         ]
     return steps
+
+
+def run_logged(cmd: list[str], log: Path) -> int:
+    """Run ``cmd`` from the repository root, its output printed and kept in ``log``."""
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            fh.write(line)
+        return proc.wait()
 
 
 def main() -> int:
@@ -112,12 +136,14 @@ def main() -> int:
                                           else "")
     steps = plan(out, max(gpus, 1), args.quick, cluster)
     failed = []
-    for title, cmd in steps:
+    if not args.dry_run:
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+    for k, (title, cmd) in enumerate(steps):
         print(f"== {title}\n   {' '.join(cmd)}", flush=True)
         if args.dry_run:
             continue
         t0 = time.time()
-        code = subprocess.run(cmd, cwd=ROOT).returncode
+        code = run_logged(cmd, out / "logs" / f"step{k}.log")
         print(f"   -> exit {code} in {time.time() - t0:.1f} s", flush=True)
         if code:
             failed.append(title)
