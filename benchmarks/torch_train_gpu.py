@@ -107,7 +107,10 @@ KERNEL_KINDS = (("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),
 
 def kernel_kinds(step, sync) -> dict[str, float]:
     """GPU milliseconds of one step's kernels by kind (their names; the rest elementwise),
-    from torch.profiler, and ``busy``: their sum (the GPU's busy time, overlaps aside)."""
+    from torch.profiler, and ``busy``: their sum (the GPU's busy time, overlaps aside); then
+    what the host did for them: ``kernels`` launched, ``aten_ops`` dispatched (every aten
+    call, nested ones too) and ``launch_api_ms`` in the runtime's launch calls (the counts
+    a model of eager PyTorch's host cost per op needs)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -115,15 +118,21 @@ def kernel_kinds(step, sync) -> dict[str, float]:
         step()
         sync()
     out: dict[str, float] = {}
+    host = {"kernels": 0, "aten_ops": 0, "launch_api_ms": 0.0}
     for evt in prof.key_averages():
         if getattr(evt, "device_type", None) != DeviceType.CUDA:
+            if evt.key.startswith("aten::"):
+                host["aten_ops"] += evt.count
+            elif "LaunchKernel" in evt.key or "cuLaunch" in evt.key:
+                host["kernels"] += evt.count
+                host["launch_api_ms"] += evt.self_cpu_time_total / 1e3
             continue
         ms = getattr(evt, "self_device_time_total", 0.0) / 1e3
         name = evt.key.lower()
         kind = next((k for k, keys in KERNEL_KINDS if any(w in name for w in keys)), "elementwise")
         out[kind] = out.get(kind, 0.0) + ms
     out["busy"] = sum(out.values())
-    return out
+    return {**out, **host}
 
 
 def predict(path: Path, profiles: list[str]) -> None:
@@ -155,6 +164,9 @@ def predict(path: Path, profiles: list[str]) -> None:
         kinds = run.get("gpu_ms_by_kind") or {}
         print(f"  {run['case']:<18} " + ", ".join(
             f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in kinds.items()))
+        if kinds.get("kernels"):
+            print(f"  {'':<18} host: {run['host_issue_s'] * 1e6 / kinds['kernels']:.1f} us per kernel "
+                  f"launched, {run['host_issue_s'] * 1e6 / max(1, kinds['aten_ops']):.1f} us per aten op")
 
 
 def main() -> int:
