@@ -43,7 +43,7 @@ def fit_from_traces(cfg, path_for, claim) -> dict:
     print(f"paratwin calibrate: fitting {len(runs)} executed runs (start: profile {base.name})",
           file=sys.stderr, flush=True)
     try:
-        profile, report = fit_traces(runs, name, base)
+        profile, report = fit_traces(runs, name, base, bool(cfg.get("start_kernels", False)))
     except TraceError as err:
         raise ConfigError(str(err)) from None
     run_dir = claim()

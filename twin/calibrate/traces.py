@@ -39,6 +39,7 @@ import numpy as np
 from twin import rundir
 from twin.calibrate.busy import BUSY_SHARE, busy_handoff, computing, node_compute
 from twin.calibrate.fit import robust_cv, weighted_median
+from twin.calibrate.gpuhost import gpu_host, host_bound
 from twin.calibrate.profile import fit_collectives, fit_kernels, median_or_none
 from twin.cost import CostModel, default_cost_model, timed_flops
 from twin.schedule.builder import build_schedule
@@ -70,6 +71,8 @@ class TracedRun:
     step_p90_s: float
     meta: dict = dataclasses.field(default_factory=dict)
     """The trace's metadata: backend, host, torch version, ..."""
+    host_issue_s: dict = dataclasses.field(default_factory=dict)
+    """Per rank (str), the host's median time to issue a step (summary.json; GPU runs)."""
 
 
 def load_run(path: str | Path) -> TracedRun:
@@ -107,7 +110,8 @@ def load_run(path: str | Path) -> TracedRun:
         raise TraceError(f"traces: {path}/summary.json has no measured step time")
     return TracedRun(path, job, spans, ops, programs, step,
                      float(summary.get("step_time_p10_s") or step),
-                     float(summary.get("step_time_p90_s") or step), dict(trace.meta))
+                     float(summary.get("step_time_p90_s") or step), dict(trace.meta),
+                     dict(summary.get("host_issue_s") or {}))
 
 
 def _comm_busy(spans: Iterable[Span], node_of) -> dict[tuple[int, int], np.ndarray]:
@@ -141,14 +145,16 @@ def _stats(samples: list[tuple[tuple, float]]) -> dict:
             "time_s_p90": float(np.percentile(t, 90)), "samples": len(t)}
 
 
-def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict, dict, dict, dict]:
+def measurements(runs: list[TracedRun], kernel_runs: list[int] | None = None
+                 ) -> tuple[list[dict], list[dict], dict, dict, dict, dict]:
     """What ``runs`` measured: kernel rows of their quiet compute ops and collective rows of
     every collective (as ``paratwin bench`` writes them; collectives pooled, ``role`` "", and
     per group role), then in microseconds the host gaps (per kind of the op that waited),
     the hand-offs (per collective kind) and the arrival spread (per fit key, pooled and
     ``@role``), each as ((run, step), microseconds) samples (``per_step``), and on shared
     cores what a call waits more beside busy cores (twin.calibrate.busy: ``us``, None when
-    no call measured it, and ``sizes``), taken off those calls' times in their rows."""
+    no call measured it, and ``sizes``), taken off those calls' times in their rows.
+    ``kernel_runs``: the runs (indices) whose compute ops give kernel rows (None: all)."""
     kernels: dict[tuple, list[float]] = defaultdict(list)
     colls: dict[tuple, list] = defaultdict(list)
     gaps: dict[str, list[float]] = defaultdict(list)
@@ -166,6 +172,8 @@ def measurements(runs: list[TracedRun]) -> tuple[list[dict], list[dict], dict, d
             if op is None:
                 continue
             if op.is_compute and op.kind in KERNEL_KINDS:
+                if kernel_runs is not None and i not in kernel_runs:
+                    continue
                 if not _overlaps(busy.get((s.step, s.rank // gpn)), s.start_us, s.end_us, QUIET_TOL):
                     kernels[(op.kind, op.dtype, timed_flops(op), op.bytes, op.shape)].append(
                         ((i, s.step), s.dur_us * 1e-6))
@@ -246,12 +254,14 @@ def per_step(samples: list[tuple[tuple, float]]) -> float:
     return float(np.median([np.mean(v) for v in by.values()]))
 
 
-def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
-               ) -> tuple[CostModel, dict]:
+def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None,
+               start_kernels: bool = False) -> tuple[CostModel, dict]:
     """The profile fitted from ``runs`` (one cluster) and a report of every fit.
 
     ``base``: where the fit starts (the cluster's profile); what the traces do not measure
-    (a collective seen at one size only, cores and interference) is kept from it."""
+    (a collective seen at one size only, cores and interference) is kept from it.
+    ``start_kernels`` (GPU runs): its kernels are kept, not fitted to the spans, and only the
+    host's costs are scaled to the runs (twin/calibrate/gpuhost.py)."""
 
     if not runs:
         raise TraceError("traces: no run directories given")
@@ -261,24 +271,27 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
         raise TraceError(f"traces: runs of one cluster only; {', '.join(others)} ran on another "
                          f"cluster than {runs[0].path} ({cluster.name})")
     base = base or default_cost_model(cluster)
-    krows, crows, gaps, handoff, skew, beside = measurements(runs)
+    cpu = cluster.intra.kind == "shared_cpu"
+    # on a GPU, a host-bound run's spans hold the host's launch lag: its kernels are not timed
+    bound = set() if cpu else {i for i, r in enumerate(runs) if host_bound(r)}
+    krows, crows, gaps, handoff, skew, beside = measurements(
+        runs, [i for i in range(len(runs)) if i not in bound] or None)
     if not krows:
         raise TraceError("traces: no compute op ran alone on its node in these runs; nothing "
                          "to fit (run with fewer ranks than cores, or add runs)")
     dtypes = sorted({r["dtype"] for r in krows})
     dtype = "fp32" if "fp32" in dtypes and cluster.intra.kind == "shared_cpu" else dtypes[0]
     defaults, by_dtype, kfits = fit_kernels(krows, cluster, base, dtype)
-    cpu = cluster.intra.kind == "shared_cpu"
     gap_us = {k: per_step(v) for k, v in gaps.items() if v}
-
-    def with_gap(kind: str, k):
-        g = gap_us.get(kind, 0.0)
-        return dataclasses.replace(k, launch_us=k.launch_us + g) if cpu else \
-            dataclasses.replace(k, host_us=g)
-
-    defaults = {kind: with_gap(kind, k) for kind, k in defaults.items()}
-    by_dtype = {dt: {kind: with_gap(kind, k) for kind, k in ks.items()}
-                for dt, ks in by_dtype.items()}
+    host = {}
+    if cpu:  # the host between ops is the rank's own time: the launch term takes it
+        defaults = {kind: dataclasses.replace(k, launch_us=k.launch_us + gap_us.get(kind, 0.0))
+                    for kind, k in defaults.items()}
+        by_dtype = {dt: {kind: dataclasses.replace(k, launch_us=k.launch_us + gap_us.get(kind, 0.0))
+                         for kind, k in ks.items()} for dt, ks in by_dtype.items()}
+    else:
+        defaults, by_dtype, kfits, host = gpu_host([runs[i] for i in sorted(bound)], base, defaults,
+                                                   by_dtype, kfits, gap_us, start_kernels)
     every = [r for r in crows if not r["role"]]
     cap = BW_CAP * cluster.intra.bw_GBps
     unidentified: list[str] = []
@@ -338,6 +351,7 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None
         "collectives_kept": sorted(set(base.collective_fits) - set(cfits)),
         "bandwidth_unidentified": sorted(unidentified),
         "measured": {"kernel_rows": len(krows), "collective_rows": len(crows)},
+        "host_bound": {"runs": [str(runs[i].path) for i in sorted(bound)], **host},
     }
     return profile, report
 
