@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -72,6 +72,9 @@ class StepTimes:
     issued_ns: int = 0
     """When the host had issued the step's last op, from the origin: on a GPU, before it
     waits for the device, so a step about this long was bound by the host's issue."""
+    host_ns_by_kind: dict[str, int] = field(default_factory=dict)
+    """Per op kind, the host's time from reaching each op to reaching the next (the last: to
+    ``issued_ns``), summed over the step: on a GPU, what issuing an op of that kind costs."""
 
 
 def describe(op: Op) -> str:
@@ -120,7 +123,9 @@ class Replayer:
         last_on_stream: dict[str, int] = {}
         self.memory.reset()
         self._begin()
+        reached = [0] * n  # perf_counter_ns when the host reached each op
         for i, op in enumerate(self.ops):
+            reached[i] = time.perf_counter_ns()
             self._report(i)
             if self.fault and self.fault.rank == self.rank and (self.fault.step, self.fault.op) \
                     == (step, i):
@@ -149,12 +154,16 @@ class Replayer:
                 self._drain_memory()
             else:
                 raise ReplayError(f"rank {self.rank}: op {op.name!r} has unknown kind {op.kind!r}")
-        issued = time.perf_counter_ns() - self._origin
+        end = time.perf_counter_ns()
+        issued = end - self._origin
+        by_kind: dict[str, int] = {}
+        for op, a, b in zip(self.ops, reached, reached[1:] + [end]):
+            by_kind[op.kind] = by_kind.get(op.kind, 0) + b - a
         self._finish()
         if self._mem_pending:
             names = [self.ops[i].name for i in self._mem_pending[:3]]
             raise ReplayError(f"rank {self.rank}: memory ops {names} never became ready")
-        return StepTimes(self._resolve(), self.memory.peak_bytes, issued)
+        return StepTimes(self._resolve(), self.memory.peak_bytes, issued, by_kind)
 
     def _report(self, i: int, waiting: bool = False) -> None:
         if self.reporter is not None:

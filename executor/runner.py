@@ -87,6 +87,7 @@ def replay_task(ctx: RankContext) -> None:
     first_origin = None
     measured_peak: dict[str, float] = {}
     issued: dict[str, list[float]] = {}
+    by_kind: dict[str, dict[str, list[float]]] = {}
     spread = 0.0
     for step in range(warmup + steps):
         measured = step >= warmup
@@ -102,7 +103,7 @@ def replay_task(ctx: RankContext) -> None:
         peak = (torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda"
                 else result.peak_bytes)
         payload = {"rank": rank, "times": result.times, "origin_ns": replayer.origin_ns,
-                   "issued_ns": result.issued_ns,
+                   "issued_ns": result.issued_ns, "host_ns_by_kind": result.host_ns_by_kind,
                    "startup_s": s.get("startup_s"),
                    "peak": peak, "workspace": replayer.kernels.workspace_bytes
                    + replayer.pool.held_bytes}
@@ -119,6 +120,8 @@ def replay_task(ctx: RankContext) -> None:
             key = str(p["rank"])
             measured_peak[key] = max(measured_peak.get(key, 0.0), float(p["peak"]))
             issued.setdefault(key, []).append(p["issued_ns"] / 1e9)
+            for kind, ns in p["host_ns_by_kind"].items():
+                by_kind.setdefault(key, {}).setdefault(kind, []).append(ns / 1e9)
             spread = max(spread, abs(p["origin_ns"] - origin0) / 1e3)
         with files_kept_whole():  # spans.json and summary.json of the same steps
             trace.meta.update(steps=step - warmup + 1)
@@ -138,6 +141,8 @@ def replay_task(ctx: RankContext) -> None:
                                            "executor count of live alloc/free buffers"),
                 "workspace_bytes": {str(p["rank"]): p["workspace"] for p in gathered},
                 "host_issue_s": {k: statistics.median(v) for k, v in issued.items()},
+                "host_issue_by_kind_s": {k: {kind: statistics.median(v) for kind, v in kinds.items()}
+                                         for k, kinds in by_kind.items()},
                 "startup_s": {str(p["rank"]): p["startup_s"] for p in gathered
                               if p["startup_s"] is not None},
                 "clock": trace.meta["clock"],

@@ -23,7 +23,8 @@ def op(kind: str) -> Op:
 
 
 def run(step_s: float, issued_s: float, ops: list[Op]):
-    return types.SimpleNamespace(step_s=step_s, host_issue_s={"0": issued_s}, programs={0: ops})
+    return types.SimpleNamespace(step_s=step_s, host_issue_s={"0": issued_s}, programs={0: ops},
+                                 host_issue_by_kind_s={})
 
 
 def test_host_scale_matches_the_host_bound_runs_issue_time():
@@ -63,3 +64,17 @@ def test_h200_replays_host_bound_fit_and_a_held_out_one():
     for r, tol in ((mb1, 0.1), (mb8, 0.1)):
         assert simulate(r.job, profile).summary.step_time_s / r.step_s - 1 == pytest.approx(0, abs=tol)
     assert simulate(mb8.job, start).summary.step_time_s / mb8.step_s - 1 < -0.1  # unscaled
+
+
+def test_measured_host_per_kind_is_shared_out_to_the_issue_time():
+    """A host-bound run that recorded its host time per kind: each kind's host_us is its time
+    per op, scaled so the ops' sum is the issue time (what else the host did shared out)."""
+    ops = [op("gemm")] * 30 + [op("elementwise")] * 40
+    bound = run(1.0e-3, 0.95e-3, ops)
+    bound.host_issue_by_kind_s = {"0": {"gemm": 600e-6, "elementwise": 200e-6, "alloc": 100e-6}}
+    base = CostModel(name="b", gemm=KernelCost(host_us=99.0), elementwise=KernelCost(host_us=99.0))
+    kinds = {"gemm": KernelCost(), "elementwise": KernelCost()}
+    d, _, _, report = gpu_host([bound], base, kinds, {}, {}, {}, start_kernels=False)
+    assert report["host_us_measured"] == pytest.approx({"gemm": 20.0, "elementwise": 5.0})
+    assert d["gemm"].host_us == pytest.approx(20.0 * 950 / 800)
+    assert d["elementwise"].host_us == pytest.approx(5.0 * 950 / 800)

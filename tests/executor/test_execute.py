@@ -54,6 +54,9 @@ def test_every_preset_replays_with_verified_collectives(preset, tmp_path, execut
     assert summary["verify"] is True and summary["source"] == "executor"
     assert sorted(summary["host_issue_s"]) == sorted(map(str, programs))
     assert all(0 < t < 60 for t in summary["host_issue_s"].values())
+    for rank, kinds in summary["host_issue_by_kind_s"].items():  # each rank's ops, by kind
+        assert set(kinds) <= {op.kind for op in programs[int(rank)].ops}
+        assert sum(kinds.values()) <= summary["host_issue_s"][rank] * 1.5
     for rank, prog in programs.items():
         measured = summary["measured_peak_memory_bytes"][str(rank)]
         allocated = sum(op.bytes for op in prog.ops if op.kind == "alloc")

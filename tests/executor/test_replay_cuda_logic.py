@@ -79,7 +79,8 @@ def test_cuda_path_times_every_op_from_events(monkeypatch):
     assert rep._ev_end[names.index("A")] in side.waits
     # the count lies between the program-order peak (a freed before b) and both at once
     assert 1000 <= result.peak_bytes <= 1500 and not rep._issued and not rep._mem_pending
-    assert 0 < result.issued_ns
+    assert 0 < result.issued_ns and set(result.host_ns_by_kind) <= {op.kind for op in prog.ops}
+    assert 0 < sum(result.host_ns_by_kind.values()) <= result.issued_ns
     # a second step records the same events again (made once per op, not per record)
     first = {i: (rep._ev_start[i], rep._ev_end[i]) for i in range(len(prog.ops))}
     again = rep.run_step(1)

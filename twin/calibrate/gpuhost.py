@@ -43,15 +43,20 @@ def gpu_host(bound_runs, base, defaults: dict, by_dtype: dict, kfits: dict, gap_
              start_kernels: bool) -> tuple[dict, dict, dict, dict]:
     """The kernel costs of a GPU traces fit with their host costs: ``base``'s kernels instead
     of the fitted ones under ``start_kernels`` (no fits then); each kind's ``host_us`` the
-    start profile's (a GPU sweep's) or else the gap the host left between ops
-    (``gap_us``), scaled to ``bound_runs``' issue times when there are any. Returns
+    runs measured (``host_per_op_us``), else the start profile's (a GPU sweep's), else the gap
+    the host left between ops (``gap_us``), scaled to ``bound_runs``' issue times when there
+    are any (so that the time the host spent on memory bookkeeping, which the twin gives no
+    host time, is shared out over the ops). Returns
     (defaults, by_dtype, kernel fits, a report of the scale)."""
     if start_kernels:
         defaults, kfits = {kind: base.kernel(kind) for kind in defaults}, {}
         by_dtype = {dt: {kind: base.kernel(kind, dt) for kind in ks} for dt, ks in by_dtype.items()}
 
+    measured = host_per_op_us(bound_runs)
+
     def hosted(kind: str, k, scale: float = 1.0):
-        return dataclasses.replace(k, host_us=(base.kernel(kind).host_us or gap_us.get(kind, 0.0)) * scale)
+        us = measured.get(kind) or base.kernel(kind).host_us or gap_us.get(kind, 0.0)
+        return dataclasses.replace(k, host_us=us * scale)
 
     trial = dataclasses.replace(base, **{kind: hosted(kind, k) for kind, k in defaults.items()},
                                 kernels_by_dtype={})
@@ -59,5 +64,20 @@ def gpu_host(bound_runs, base, defaults: dict, by_dtype: dict, kfits: dict, gap_
     defaults = {kind: hosted(kind, k, scale or 1.0) for kind, k in defaults.items()}
     by_dtype = {dt: {kind: hosted(kind, k, scale or 1.0) for kind, k in ks.items()}
                 for dt, ks in by_dtype.items()}
-    return defaults, by_dtype, kfits, {"host_scale": scale, "ranks": ranks,
+    return defaults, by_dtype, kfits, {"host_scale": scale, "ranks": ranks, "host_us_measured": measured,
                                        "kernels": "start profile" if start_kernels else "fitted"}
+
+
+def host_per_op_us(runs) -> dict[str, float]:
+    """Per compute kind, the host's microseconds to issue one op, where ``runs`` recorded it
+    (``host_issue_by_kind_s``: per step and kind, over the kind's ops in the rank's program),
+    the median over runs and ranks; empty where none did."""
+    samples: dict[str, list[float]] = {}
+    for run in runs:
+        for rank, kinds in run.host_issue_by_kind_s.items():
+            ops = run.programs.get(int(rank), [])
+            for kind, seconds in kinds.items():
+                count = sum(1 for op in ops if op.kind == kind and op.is_compute)
+                if count:
+                    samples.setdefault(kind, []).append(seconds / count * 1e6)
+    return {kind: statistics.median(v) for kind, v in samples.items()}

@@ -73,6 +73,8 @@ class TracedRun:
     """The trace's metadata: backend, host, torch version, ..."""
     host_issue_s: dict = dataclasses.field(default_factory=dict)
     """Per rank (str), the host's median time to issue a step (summary.json; GPU runs)."""
+    host_issue_by_kind_s: dict = dataclasses.field(default_factory=dict)
+    """Per rank (str), per op kind, the host's time per step issuing ops of that kind."""
 
 
 def load_run(path: str | Path) -> TracedRun:
@@ -111,7 +113,8 @@ def load_run(path: str | Path) -> TracedRun:
     return TracedRun(path, job, spans, ops, programs, step,
                      float(summary.get("step_time_p10_s") or step),
                      float(summary.get("step_time_p90_s") or step), dict(trace.meta),
-                     dict(summary.get("host_issue_s") or {}))
+                     dict(summary.get("host_issue_s") or {}),
+                     dict(summary.get("host_issue_by_kind_s") or {}))
 
 
 def _comm_busy(spans: Iterable[Span], node_of) -> dict[tuple[int, int], np.ndarray]:
