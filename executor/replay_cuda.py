@@ -40,7 +40,8 @@ class CudaReplayer(Replayer):
     def _event(self, i: int, end: bool, stream=None) -> torch.cuda.Event:
         """Op ``i``'s start (or end) event, recorded now on ``stream`` (default: the current)."""
         ev = self._pooled[i][end]
-        ev.record(stream or self._stream)  # named: Event.record(None) looks the stream up per call
+        # named: Event.record(None) looks the current stream up on every call
+        ev.record(self._stream if stream is None else stream)
         return ev
 
     def _begin(self) -> None:

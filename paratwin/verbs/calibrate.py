@@ -115,9 +115,10 @@ def write_modelled(run_dir: Path, bench_dir: Path, cluster: ClusterSpec, profile
 
 
 def format_fits(profile: CostModel, report: dict, path: Path) -> str:
+    host = any("host_us" in v["params"] for v in report["kernels"].values())  # a GPU sweep's
     lines = [f"profile {profile.name} -> {path}", "", "kernels (t = max(F/(P*E), B/(W*M)) + L):",
              f"  {'kind/dtype':<20} {'E':>6} {'M':>6} {'L us':>8} {'resid med':>10} {'max':>7} {'pts':>4}"
-             f" {'host us':>8}"]
+             + (f" {'host us':>8}" if host else "")]
     for k, v in report["kernels"].items():
         p = v["params"]
         lines.append(f"  {k:<20} {p['efficiency']:>6.3f} {p['mem_efficiency']:>6.3f} "
