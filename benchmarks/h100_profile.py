@@ -2,7 +2,8 @@
 
 Every parameter of conf/profiles/dgx_h100.yaml and dgx_h200.yaml comes from FIGURES below (a
 cited, published H100/H200 measurement) by the arithmetic in ``derive``; where no H100 figure
-exists the parameter is an ASSUMPTION and says so. Nothing is copied from the A100 fit.
+exists the parameter is an ASSUMPTION and says so. Nothing is copied from the A100 fit but the
+host's cost per op (a property of the host and the framework, not of the GPU it drives).
 
     python benchmarks/h100_profile.py            # derive, print the table and the MFU checks
     python benchmarks/h100_profile.py --write    # also write the two YAML profiles
@@ -190,6 +191,20 @@ def unaligned_share() -> float:
     return by_dtype["bf16"]["gemm"].unaligned_efficiency
 
 
+A100_FIT = ROOT / "conf" / "profiles" / "dgx_a100.yaml"
+HOST_NOTE = ("the A100 fit's (conf/profiles/dgx_a100.yaml: eager Megatron-DeepSpeed steps, 1,440 "
+             "measured [vTrain, Bang et al. MICRO'24]); ASSUMPTION: a host's cost per op does not "
+             "depend on the GPU it drives. Real eager training on one H200 here paid 124 us per op "
+             "(benchmarks/results/h200_20261204e)")
+
+
+def host_us_from_a100() -> dict[str, float]:
+    """The host's microseconds per op of GEMMs, attention and elementwise ops fitted to the
+    measured A100 steps (the optimizer's stayed at its start there: not measured)."""
+    a100 = CostModel.load(A100_FIT)
+    return {k: round(getattr(a100, k).host_us, 1) for k in ("gemm", "attention", "elementwise")}
+
+
 def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
     """The profile of dgx_<gpu> and, per parameter path, the source and arithmetic."""
     job = job or default_job()
@@ -202,8 +217,9 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
     sustained = msmf / mamf
     g_eff = FIGURES["gemm_mamf_tflops"][0] / PEAK_BF16 * sustained
     unaligned = unaligned_share()
+    host = host_us_from_a100()
     gemm = KernelCost(efficiency=g_eff, half_flops=0.0, mem_efficiency=copy, launch_us=3.0,
-                      host_us=12.0, tile=128, tile_exponent=1.0, unaligned_efficiency=unaligned)
+                      host_us=host["gemm"], tile=128, tile_exponent=1.0, unaligned_efficiency=unaligned)
     fp8 = dataclasses.replace(
         gemm, efficiency=FIGURES["gemm_fp8_mamf_tflops"][0] / PEAK_FP8 * sustained)
     notes.update({
@@ -221,8 +237,7 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
         "gemm.mem_efficiency": f"HBM Copy fraction: {notes['hbm']}",
         "gemm.launch_us": "ASSUMPTION: no published H100 small-GEMM timing found; 3 us "
                           "kernel-to-kernel gap of a stream",
-        "gemm.host_us": "ASSUMPTION: eager aten::mm/linear dispatch + cuBLAS launch on a "
-                        "Sapphire Rapids host; no published H100-host figure found",
+        "gemm.host_us": HOST_NOTE,
         "gemm.tile": "cuBLAS/CUTLASS Hopper bf16 CTA tile edge 128 (CUTLASS 3 sm90 default "
                      "128x128 / 128x256 tiles) over GPUSpec.sm_count=132",
         "gemm.tile_exponent": "ASSUMPTION: the whole tile and wave loss is paid (no H100 "
@@ -240,7 +255,7 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
         scale = FIGURES["fa2_azure_h200_tflops"][0] / FIGURES["fa2_azure_h100_tflops"][0]
     attention = KernelCost(efficiency=fa.params["efficiency"] * scale, half_flops=0.0,
                            mem_efficiency=copy, launch_us=fa.params["launch_us"],
-                           host_us=30.0, tile=0, tile_exponent=1.0)
+                           host_us=host["attention"], tile=0, tile_exponent=1.0)
     notes.update({
         "attention.efficiency": "fit_kernel over FlashAttention-2 H100 forward-causal and "
                                 f"backward TFLOP/s, 512..16k [{FA3}]"
@@ -251,19 +266,17 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
         "attention.half_flops": "0 (the fit's launch term carries the size dependence)",
         "attention.mem_efficiency": f"HBM Copy fraction: {notes['hbm']}",
         "attention.launch_us": "the same fit_kernel (launch term)",
-        "attention.host_us": "ASSUMPTION: SDPA dispatch + the projections' reshapes, a few "
-                             "eager ops; no published figure",
+        "attention.host_us": HOST_NOTE,
     })
     elementwise = KernelCost(efficiency=0.5, half_flops=0.0, mem_efficiency=copy / ew_infl,
-                             launch_us=3.0, host_us=40.0, tile=0, tile_exponent=1.0)
+                             launch_us=3.0, host_us=host["elementwise"], tile=0, tile_exponent=1.0)
     notes.update({
         "elementwise.efficiency": "unused in practice (memory-bound: bytes decide); 0.5 of peak",
         "elementwise.mem_efficiency": f"HBM Copy fraction {copy:.4f} / eager-vs-fused byte "
                                       f"ratio {ew_infl:.3f} of the default job's elementwise "
                                       "ops (EAGER table: torchtitan Llama in eager PyTorch)",
         "elementwise.launch_us": "ASSUMPTION: 3 us per kernel gap (see gemm.launch_us)",
-        "elementwise.host_us": "ASSUMPTION: a fused twin op is about 5 eager kernels of ~8 us "
-                               "host dispatch each",
+        "elementwise.host_us": HOST_NOTE,
     })
     optimizer = KernelCost(efficiency=0.5, half_flops=0.0, mem_efficiency=copy / opt_infl,
                            launch_us=3.0, host_us=500.0, tile=0, tile_exponent=1.0)
@@ -366,7 +379,8 @@ def to_yaml(cost: CostModel, notes: dict) -> str:
     out = [f"# DGX {cost.name[4:].upper()} cost profile, derived from published measurements by",
            "# benchmarks/h100_profile.py (do not edit by hand: rerun it with --write).",
            "# Every value names its source and arithmetic; ASSUMPTION marks a value no",
-           "# published H100/H200 figure pins down. Nothing is taken from the A100 fit."]
+           "# published H100/H200 figure pins down. Nothing is taken from the A100 fit but",
+           "# the host's cost per op (the host's and the framework's, not the GPU's)."]
     for key, val in d.items():
         if key == "provenance":
             continue

@@ -88,6 +88,11 @@ def test_each_parameter_is_what_its_figure_implies(gpu, shipped, job):
     # (n = 50,304) at 759.4; the fit's share over the three unaligned shapes is near that ratio
     assert shipped.gemm.unaligned_efficiency == pytest.approx(unaligned_share(), rel=1e-5)
     assert shipped.gemm.unaligned_efficiency == pytest.approx(129.682 / 759.439, rel=0.1)
+    # the host's cost per op: the A100 fit's (a property of the host and framework)
+    a100 = CostModel.load(CONF_DIR / "profiles" / "dgx_a100.yaml")
+    for kind in ("gemm", "attention", "elementwise"):
+        assert getattr(shipped, kind).host_us == pytest.approx(getattr(a100, kind).host_us, abs=0.05)
+    assert shipped.optimizer.host_us == 500.0  # the A100 fit left its optimizer at its start
     assert shipped.gemm.mem_efficiency == pytest.approx(copy, rel=1e-5)
     assert shipped.elementwise.mem_efficiency == pytest.approx(copy / ew, rel=1e-5)
     assert shipped.optimizer.mem_efficiency == pytest.approx(copy * 28 / ADAMW_FUSED_BYTES,
