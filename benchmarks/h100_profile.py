@@ -179,18 +179,27 @@ SWEEP_H200 = ROOT / "benchmarks" / "results" / "h200_20261204d" / "kernels"
 torch 2.11.0+cu130): the only source of the unaligned-GEMM share below."""
 
 
-def unaligned_share() -> float:
-    """The share of efficiency bf16 GEMMs of n or k not a multiple of 8 keep, as `paratwin
-    calibrate` fits it to SWEEP_H200 (KernelCost.unaligned_efficiency)."""
+def sweep_kernels() -> dict[str, KernelCost]:
+    """The kernels `paratwin calibrate` fits to SWEEP_H200: bf16 GEMMs and elementwise ops,
+    the fp32 optimizer (GPU time alone: each call queued behind a sleeping kernel)."""
     from paratwin.config import preset_cluster
     from twin.calibrate.profile import fit_kernels, read_csv
 
-    cluster = preset_cluster("dgx_h200")
-    rows = [r for r in read_csv(SWEEP_H200 / "kernels.csv") if r["kind"] == "gemm"]
-    _, by_dtype, _ = fit_kernels(rows, cluster, CostModel(name="sweep"), "bf16")
-    return by_dtype["bf16"]["gemm"].unaligned_efficiency
+    rows = read_csv(SWEEP_H200 / "kernels.csv")
+    _, by_dtype, _ = fit_kernels(rows, preset_cluster("dgx_h200"), CostModel(name="sweep"), "bf16")
+    return {"gemm": by_dtype["bf16"]["gemm"], "elementwise": by_dtype["bf16"]["elementwise"],
+            "optimizer": by_dtype["fp32"]["optimizer"]}
 
 
+def unaligned_share() -> float:
+    """The share of efficiency bf16 GEMMs of n or k not a multiple of 8 keep, as `paratwin
+    calibrate` fits it to SWEEP_H200 (KernelCost.unaligned_efficiency)."""
+    return sweep_kernels()["gemm"].unaligned_efficiency
+
+
+LAUNCH_NOTE = ("measured here, not published: the fixed GPU time per op of {} in the H200 "
+               "sweep's fit (each call queued behind a sleeping kernel; paratwin calibrate "
+               f"bench_dir={SWEEP_H200.relative_to(ROOT)})")
 A100_FIT = ROOT / "conf" / "profiles" / "dgx_a100.yaml"
 HOST_NOTE = ("the A100 fit's (conf/profiles/dgx_a100.yaml: eager Megatron-DeepSpeed steps, 1,440 "
              "measured [vTrain, Bang et al. MICRO'24]); ASSUMPTION: a host's cost per op does not "
@@ -216,9 +225,11 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
     msmf, mamf = FIGURES["gemm_msmf_over_mamf"][0]
     sustained = msmf / mamf
     g_eff = FIGURES["gemm_mamf_tflops"][0] / PEAK_BF16 * sustained
-    unaligned = unaligned_share()
+    swept = sweep_kernels()
+    unaligned = swept["gemm"].unaligned_efficiency
+    launch = {k: round(v.launch_us, 2) for k, v in swept.items()}
     host = host_us_from_a100()
-    gemm = KernelCost(efficiency=g_eff, half_flops=0.0, mem_efficiency=copy, launch_us=3.0,
+    gemm = KernelCost(efficiency=g_eff, half_flops=0.0, mem_efficiency=copy, launch_us=launch["gemm"],
                       host_us=host["gemm"], tile=128, tile_exponent=1.0, unaligned_efficiency=unaligned)
     fp8 = dataclasses.replace(
         gemm, efficiency=FIGURES["gemm_fp8_mamf_tflops"][0] / PEAK_FP8 * sustained)
@@ -235,8 +246,7 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
             "unaligned_efficiency")},
         "gemm.half_flops": "0: size dependence comes from tile and wave quantization below",
         "gemm.mem_efficiency": f"HBM Copy fraction: {notes['hbm']}",
-        "gemm.launch_us": "ASSUMPTION: no published H100 small-GEMM timing found; 3 us "
-                          "kernel-to-kernel gap of a stream",
+        "gemm.launch_us": LAUNCH_NOTE.format("bf16 GEMMs"),
         "gemm.host_us": HOST_NOTE,
         "gemm.tile": "cuBLAS/CUTLASS Hopper bf16 CTA tile edge 128 (CUTLASS 3 sm90 default "
                      "128x128 / 128x256 tiles) over GPUSpec.sm_count=132",
@@ -269,23 +279,24 @@ def derive(gpu: str, job=None) -> tuple[CostModel, dict]:
         "attention.host_us": HOST_NOTE,
     })
     elementwise = KernelCost(efficiency=0.5, half_flops=0.0, mem_efficiency=copy / ew_infl,
-                             launch_us=3.0, host_us=host["elementwise"], tile=0, tile_exponent=1.0)
+                             launch_us=launch["elementwise"], host_us=host["elementwise"], tile=0,
+                             tile_exponent=1.0)
     notes.update({
         "elementwise.efficiency": "unused in practice (memory-bound: bytes decide); 0.5 of peak",
         "elementwise.mem_efficiency": f"HBM Copy fraction {copy:.4f} / eager-vs-fused byte "
                                       f"ratio {ew_infl:.3f} of the default job's elementwise "
                                       "ops (EAGER table: torchtitan Llama in eager PyTorch)",
-        "elementwise.launch_us": "ASSUMPTION: 3 us per kernel gap (see gemm.launch_us)",
+        "elementwise.launch_us": LAUNCH_NOTE.format("bf16 elementwise ops"),
         "elementwise.host_us": HOST_NOTE,
     })
     optimizer = KernelCost(efficiency=0.5, half_flops=0.0, mem_efficiency=copy / opt_infl,
-                           launch_us=3.0, host_us=500.0, tile=0, tile_exponent=1.0)
+                           launch_us=launch["optimizer"], host_us=500.0, tile=0, tile_exponent=1.0)
     notes.update({
         "optimizer.efficiency": "unused in practice (memory-bound); 0.5 of peak",
         "optimizer.mem_efficiency": f"HBM Copy fraction {copy:.4f} / fused AdamW (torchtitan's "
                                     f"default) {ADAMW_FUSED_BYTES} B/param over the twin's "
                                     f"{28} B/param ({opt_infl:.3f}x)",
-        "optimizer.launch_us": "ASSUMPTION: 3 us (see gemm.launch_us)",
+        "optimizer.launch_us": LAUNCH_NOTE.format("fused Adam steps"),
         "optimizer.host_us": "ASSUMPTION: fused AdamW over ~290 parameter tensors: one "
                              "multi-tensor launch per chunk plus the optimizer's Python "
                              "bookkeeping per tensor; ~0.5 ms host",

@@ -142,7 +142,7 @@ def test_default_job_mfu_below_the_published_defaults():
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "the default job (no activation checkpointing, 80 GB HBM3 parts at 700 W) lands at ~46.5% "
+    "the default job (no activation checkpointing, 80 GB HBM3 parts at 700 W) lands at ~46.4% "
     "MFU, above the 35-45% published band; torchtitan's published runs (33.7% on 8 H100s) used "
     "op-level SAC on 500 W HBM2e parts whose peak lies 'between SXM and NVL': simulated so "
     "(recompute=op, 2.4 TB/s, peak 989..835 TFLOP/s; benchmarks/h100_published.py) the twin is "
