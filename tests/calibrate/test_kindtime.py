@@ -12,7 +12,8 @@ import pytest
 from tests.calibrate.test_stepfit import CPU_TRUE_KERNELS, _cpu_jobs
 from twin.calibrate.kindtime import FIT_KINDS, KindRetimer, kind_counts, kind_seconds
 from twin.calibrate.stepfit import CPU_FREE, fit_steps, predict, with_params
-from twin.cost import CostModel, shape_key
+from twin.cost import CostModel
+from twin.kernelshape import shape_key
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import signature
 

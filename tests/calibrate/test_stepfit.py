@@ -22,7 +22,8 @@ from twin.calibrate.stepfit import (
     simulate_path,
     with_params,
 )
-from twin.cost import CostModel, KernelCost, shape_key
+from twin.cost import CostModel, KernelCost
+from twin.kernelshape import shape_key
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import critical_path
 from twin.sim.engine import SimOptions, Simulation, fold_classes

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import cluster, gpt
-from twin.cost import timed_flops
+from twin.kernelshape import timed_flops
 from twin.schedule.builder import build_program, build_schedule
 from twin.schedule.check import check_schedule, memory_peak
 from twin.spec import ParallelPlan, build_job

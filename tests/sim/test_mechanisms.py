@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from tests.conftest import gpt
-from twin.cost import CostModel, KernelCost, LinkCost, gemm_utilization, shape_key
+from twin.cost import CostModel, KernelCost, LinkCost
+from twin.kernelshape import gemm_utilization, shape_key
 from twin.schedule.ir import Op, Program
 from twin.sim.engine import SimOptions, Simulation
 from twin.spec import ClusterSpec, GPUSpec, ParallelPlan, build_job

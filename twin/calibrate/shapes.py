@@ -10,7 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.sparse import csr_matrix
 
-from twin.cost import SHAPED_KINDS, CostModel, shape_key
+from twin.cost import SHAPED_KINDS, CostModel
+from twin.kernelshape import shape_key
 from twin.schedule.ir import Op
 
 

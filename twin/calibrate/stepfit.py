@@ -42,7 +42,8 @@ from twin.calibrate.params import (  # noqa: F401 - the fit's parameter space, p
     with_params,
 )
 from twin.calibrate.shapes import shape_columns, shape_pick, shaped_times
-from twin.cost import SHAPE_RANGE, SHAPED_KINDS, CostModel, KernelCost, shape_key
+from twin.cost import SHAPE_RANGE, SHAPED_KINDS, CostModel, KernelCost
+from twin.kernelshape import shape_key
 from twin.schedule.builder import build_schedule
 from twin.sim.critical import CriticalPath, critical_path
 from twin.sim.critical import host_us as host_us_of

@@ -41,7 +41,8 @@ from twin.calibrate.busy import BUSY_SHARE, busy_handoff, computing, node_comput
 from twin.calibrate.fit import robust_cv, weighted_median
 from twin.calibrate.gpuhost import gpu_host, host_bound
 from twin.calibrate.profile import fit_collectives, fit_kernels, median_or_none
-from twin.cost import CostModel, default_cost_model, timed_flops
+from twin.cost import CostModel, default_cost_model
+from twin.kernelshape import timed_flops
 from twin.schedule.builder import build_schedule
 from twin.schedule.ir import Op
 from twin.spec import Job
