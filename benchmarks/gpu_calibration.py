@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,15 +105,29 @@ def plan(out: Path, gpus: int, quick: bool, cluster: str = "dgx_h100") -> list[t
     return steps
 
 
-def run_logged(cmd: list[str], log: Path) -> int:
-    """Run ``cmd`` from the repository root, its output printed and kept in ``log``."""
+STEP_TIMEOUT_S = 600
+"""A step still running after this long is killed (its output so far kept) and the next runs."""
+
+
+def run_logged(cmd: list[str], log: Path, timeout_s: float = STEP_TIMEOUT_S) -> int:
+    """Run ``cmd`` from the repository root, its output printed and kept in ``log``; killed
+    after ``timeout_s`` (exit code -9, said in the log)."""
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-            fh.write(line)
-        return proc.wait()
+        timer = threading.Timer(timeout_s, proc.kill)
+        timer.start()
+        try:
+            for line in proc.stdout:
+                print(line, end="", flush=True)
+                fh.write(line)
+            code = proc.wait()
+        finally:
+            timer.cancel()
+        if code == -9:
+            fh.write(f"killed after {timeout_s:.0f} s\n")
+            print(f"   killed after {timeout_s:.0f} s", flush=True)
+        return code
 
 
 def main() -> int:
@@ -137,6 +152,9 @@ def main() -> int:
     steps = plan(out, max(gpus, 1), args.quick, cluster)
     failed = []
     if not args.dry_run:
+        if out.exists() and any(out.iterdir()):  # never over another run's (or anyone's) files
+            print(f"{out} is not empty; give --out a new directory", file=sys.stderr)
+            return 2
         (out / "logs").mkdir(parents=True, exist_ok=True)
     for k, (title, cmd) in enumerate(steps):
         print(f"== {title}\n   {' '.join(cmd)}", flush=True)

@@ -4,11 +4,13 @@ Run: python benchmarks/gpu_replays.py RESULTS_DIR [PROFILE ...]
 (RESULTS_DIR: an output of `benchmarks/gpu_calibration.py`, e.g.
 benchmarks/results/h200_20261204, whose execute/NAME directories are the replays; PROFILE: a
 name under conf/profiles or a path; default the cluster's own profile (`auto`) and the kernel
-sweep's fit, written by `paratwin calibrate bench_dir=RESULTS_DIR/kernels` into a temporary
-file; it is shown also without its shape factors, which time each swept shape as measured).
-The replays are data the kernel fit never saw: each is a whole step of the schedule's
-ops, issued by the host one after another as in training, where the sweep timed each kernel
-alone.
+sweep's fit, as `paratwin calibrate bench_dir=RESULTS_DIR/kernels` fits it, shown also without
+its shape factors, which time each swept shape as measured). The replays are steps the kernel
+fit never saw: each is a whole step of the schedule's ops, issued by the host one after another
+as in training, where the sweep timed each kernel alone. Their kernels are another matter: the
+sweep holds GPT-2 small's layer GEMMs (so the GPT-2 replays' GEMM times are fitted ones, and
+without shape factors still points of the fit); none of the Llama replay's GEMM shapes and no
+LM-head GEMM of either was swept.
 
 Prints per run its ops per step, the host's time to issue them (`host_issue_s`, where the
 run recorded it), the measured median step (p10-p90) and per profile the predicted step and its
@@ -22,18 +24,19 @@ import collections
 import dataclasses
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from twin.calibrate.traces import TracedRun, load_run  # noqa: E402
+from paratwin.config import load_profile  # noqa: E402
+from twin.calibrate.profile import build_profile  # noqa: E402
+from twin.calibrate.traces import TracedRun, TraceError, load_run  # noqa: E402
 from twin.cost import CostModel  # noqa: E402
 from twin.sim.run import simulate  # noqa: E402
+from twin.spec import ConfigError  # noqa: E402
 
 
 def kind_seconds(spans, steps: int) -> dict[str, float]:
@@ -45,13 +48,9 @@ def kind_seconds(spans, steps: int) -> dict[str, float]:
     return dict(out)
 
 
-def kernel_fit(kernels_dir: Path, cluster: str, out: Path) -> Path:
-    """The profile `paratwin calibrate` fits to the kernel sweep in ``kernels_dir``."""
-    cmd = [sys.executable, "-m", "paratwin.main", "calibrate", f"bench_dir={kernels_dir}",
-           f"cluster={cluster}", f"out={out / 'kernels.yaml'}", f"out_dir={out / 'calibrate'}",
-           "interference=false", f"name={cluster}_kernel_sweep"]
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    return out / "kernels.yaml"
+def kernel_fit(kernels_dir: Path, cluster) -> CostModel:
+    """The profile `paratwin calibrate bench_dir=` fits to the kernel sweep in ``kernels_dir``."""
+    return build_profile(kernels_dir, cluster, f"{cluster.name}_kernel_sweep", "bf16")[0]
 
 
 def compare(runs: list[TracedRun], profiles: dict[str, CostModel]) -> None:
@@ -86,25 +85,26 @@ def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     results = Path(sys.argv[1])
-    runs = [load_run(d) for d in sorted((results / "execute").glob("*")) if d.is_dir()]
+    try:
+        runs = [load_run(d) for d in sorted((results / "execute").glob("*")) if d.is_dir()]
+    except TraceError as err:
+        sys.exit(str(err))
     if not runs:
         sys.exit(f"{results} holds no execute/NAME run directory")
-    cluster = runs[0].job.cluster.name
-    with tempfile.TemporaryDirectory() as tmp:
-        names = sys.argv[2:] or [cluster, str(kernel_fit(results / "kernels", cluster, Path(tmp)))]
-        profiles = {}
-        for n in names:
-            path = ROOT / "conf" / "profiles" / f"{n}.yaml" if "/" not in n else Path(n)
-            cost = CostModel.load(path)
-            if n.endswith("kernels.yaml"):
-                profiles["kernel sweep fit"] = cost
-                # its closed forms alone: the sweep's shape factors time a swept shape as measured,
-                # and some swept GEMM shapes are the replays' own
-                profiles["sweep, no shape factors"] = dataclasses.replace(cost, shape_factors={})
-            else:
-                profiles[n] = cost
-        compare(runs, profiles)
-
+    cluster = runs[0].job.cluster
+    profiles = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a profile fitted on another cluster is asked for
+        for n in sys.argv[2:] or ["auto"]:
+            try:
+                profiles[cluster.name if n == "auto" else n] = load_profile(n, cluster)
+            except ConfigError as err:
+                sys.exit(str(err))
+    if len(sys.argv) < 3:
+        fitted = kernel_fit(results / "kernels", cluster)
+        profiles["kernel sweep fit"] = fitted
+        profiles["sweep, no shape factors"] = dataclasses.replace(fitted, shape_factors={})
+    compare(runs, profiles)
 
 if __name__ == "__main__":
     main()

@@ -136,17 +136,24 @@ def kernel_kinds(step, sync) -> dict[str, float]:
 
 
 def predict(path: Path, profiles: list[str]) -> None:
-    from twin.cost import CostModel
+    from paratwin.config import load_profile, preset_cluster
     from twin.sim.run import simulate
+    from twin.spec import ConfigError
 
-    data = json.loads(path.read_text())
-    print(f"measured on {data['device']} (torch {data['torch']}, {data['date']})")
+    try:
+        data = json.loads(path.read_text())
+        runs, device = data["runs"], f"{data['device']} (torch {data['torch']}, {data['date']})"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        sys.exit(f"{path} is not a `torch_train_gpu.py --measure` output ({err!r}); measure one "
+                 "with --measure OUT on a GPU machine")
+    print(f"measured on {device}")
     print(f"{'case':<18} {'measured ms':>12} {'host ms':>8}  " + "  ".join(f"{p:>20}" for p in profiles))
-    root = Path(__file__).resolve().parents[1]
-    costs = {p: CostModel.load(root / "conf" / "profiles" / f"{p}.yaml" if "/" not in p else p)
-             for p in profiles}
+    try:
+        costs = {p: load_profile(p, preset_cluster("dgx_h200")) for p in profiles}
+    except ConfigError as err:
+        sys.exit(str(err))
     errors: dict[str, list[float]] = {p: [] for p in profiles}
-    for run in data["runs"]:
+    for run in runs:
         job, _ = cli_job(*run["overrides"], *SINGLE)
         cells = []
         with warnings.catch_warnings():
@@ -160,7 +167,7 @@ def predict(path: Path, profiles: list[str]) -> None:
     for p, e in errors.items():
         print(f"{p}: median |error| {statistics.median(map(abs, e)):.1%}, largest {max(map(abs, e)):.1%}")
     print("GPU ms per step by kernel kind (torch.profiler, one step):")
-    for run in data["runs"]:
+    for run in runs:
         kinds = run.get("gpu_ms_by_kind") or {}
         print(f"  {run['case']:<18} " + ", ".join(
             f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in kinds.items()))
@@ -183,6 +190,9 @@ def main() -> int:
             ap.error("give a results JSON to predict, or --measure OUT to measure")
         predict(Path(args.results), args.profiles)
         return 0
+    if Path(args.measure).exists():  # a user's file is theirs: measure into a new one
+        print(f"{args.measure} exists; give --measure a new file", file=sys.stderr)
+        return 2
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -65,3 +65,11 @@ def test_the_gpu_name_picks_the_cluster():
     assert gc.cluster_for("NVIDIA H200") == "dgx_h200"
     assert gc.cluster_for("NVIDIA A100-SXM4-80GB") == "dgx_a100"
     assert gc.cluster_for("NVIDIA GeForce RTX 4090") == "dgx_h100"
+
+
+def test_a_step_is_logged_and_killed_past_its_time(tmp_path):
+    log = tmp_path / "step.log"
+    code = gc.run_logged([sys.executable, "-c", "import time; print('started', flush=True); "
+                          "time.sleep(60)"], log, timeout_s=2)
+    assert code == -9 and log.read_text() == "started\nkilled after 2 s\n"
+    assert gc.run_logged([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "b.log") == 3
