@@ -4,7 +4,8 @@ On one GPU: the kernel sweep (GEMM over shapes and dtypes, from 256^3 and GPT-2'
 layer shapes, where launch latency dominates, up to 16k x 8k, and GEMMs of unaligned n or
 k; attention forward and backward, elementwise, fused Adam), three replayed single-GPU
 schedules (the executor's CUDA path: streams, events, torch.cuda.max_memory_allocated) for
-holding the fitted profile to data it never saw: GPT-2 small at micro-batch 1 (host-bound:
+holding the fitted profile to steps it never saw (GPT-2's layer GEMMs are swept shapes, the
+Llama's and the LM heads are not): GPT-2 small at micro-batch 1 (host-bound:
 small kernels) and 8, and a 4-layer Llama-3 8B at micro-batch 2 (large GEMMs); then real
 eager PyTorch training of the same sizes (torch_train_gpu.py), a GEMM's sustained rate
 (gemm_sustained.py) and the replay's own host cost (replay_host.py). Each step's output is
