@@ -40,6 +40,17 @@ _LOCAL = frozenset(COMPUTE_KINDS) | frozenset(MEMORY_KINDS)
 """Kinds no flow is planned for."""
 
 
+def collective_key(kind: str, group: tuple[int, ...], root: int, role: str) -> tuple:
+    """The memo key of a collective call: its plan (FlowPlanner), its callers and its private
+    timing (twin/sim/private.py) are kept under it."""
+    return ("c", kind, group, root, role)
+
+
+def call_key(op) -> tuple:
+    """The memo key (``collective_key``) of a collective op."""
+    return collective_key(op.kind, op.group, op.root, op.group_name)
+
+
 class Planned(NamedTuple):
     """A call's phases per byte of its op: bundles (None: no transfer), latencies, fit."""
 
@@ -87,7 +98,7 @@ class FlowPlanner:
                     rows.setdefault((op.group, op.name, op.group_name, op.bytes), {})[rank] = \
                         op.send_splits
                 elif kind in COLLECTIVE_KINDS:
-                    key = ("c", kind, op.group, op.root, op.group_name)
+                    key = call_key(op)
                     who = callers.get(key)
                     if who is None:
                         who = callers[key] = set()
@@ -124,7 +135,7 @@ class FlowPlanner:
     def collective(self, kind: str, group: tuple[int, ...], nbytes: float, role: str,
                    root: int = -1) -> tuple[list[Bundle | None], tuple[float, ...], float]:
         """(bundles, per-phase latencies, base latency) of one collective call."""
-        key = ("c", kind, group, root, role)
+        key = collective_key(kind, group, root, role)
         plan = self._memo.get(key)
         if plan is None:
             self._unplanned(key)

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from twin.schedule.ir import Op
 from twin.sim.fabric import EPS, Contended
+from twin.sim.flows import call_key
 from twin.vocab import COLLECTIVE_KINDS
 
 COMPUTE = "compute"
@@ -101,11 +102,6 @@ def private_calls(planner, capacity: dict, simulated: set[int]) -> dict[tuple, P
     return out
 
 
-def call_key(op: Op) -> tuple:
-    """The FlowPlanner memo key of a collective op."""
-    return ("c", op.kind, op.group, op.root, op.group_name)
-
-
 def inline_streams(rank: int, ops: list[Op], streams: dict[str, list[int]],
                    private: dict[tuple, PrivateCall], host=None) -> tuple[str, ...]:
     """The streams of ``rank`` the compute walk can time: every op a private call of this
@@ -128,7 +124,7 @@ def inline_streams(rank: int, ops: list[Op], streams: dict[str, list[int]],
             op = ops[i]
             if op.kind not in COLLECTIVE_KINDS or op.send_splits:
                 break
-            call = get(("c", op.kind, op.group, op.root, op.group_name))  # (call_key)
+            call = get(call_key(op))
             if call is None or call.caller != caller:
                 break
             deps = op.deps
@@ -152,7 +148,7 @@ class Inliner:
 
     def __init__(self, fabric, calls: dict[tuple, PrivateCall]):
         self.fabric, self.calls = fabric, calls
-        self._times: dict[tuple, tuple] = {}  # (stream, call_key, bytes) -> timed's value
+        self._times: dict[tuple, tuple] = {}  # (stream, call key, bytes) -> timed's value
         self._owners: dict = {}  # shared resource -> the (rank, stream) whose call holds it
 
     @classmethod
@@ -175,10 +171,10 @@ class Inliner:
         for s in inlined:
             for i in streams[s]:
                 op = ops[i]
-                key = (s, op.kind, op.group, op.root, op.group_name, op.bytes)  # call_key, bytes
+                key = (s, call_key(op), op.bytes)
                 t = times.get(key)
                 if t is None:
-                    call = self.calls[call_key(op)]
+                    call = self.calls[key[1]]
                     t = times[key] = (call.steps(op.bytes), call.shared, s)
                 out[i] = t
         return out
