@@ -20,7 +20,10 @@ trace (spans.json), "report s" what the CLI writes next from it (report.html and
 export trace.json). (d) and (e) use the cluster's profile (calibration=auto: dgx_a100, fitted
 on measured A100 steps, whose host waits after each send/recv batch as Megatron's does).
 Target: each step under 10 s on 2 cores. Prints
-figures, asserts nothing.
+figures, asserts nothing. This host's speed drifts by 10-20% between spells of the same day,
+more between days (row (e) at the same code: medians of five runs 8.0-9.8 s, single runs up to
+12 s): read a wall as a median of --repeat 5, and compare two trees in the same spell, or by
+benchmarks/instructions.py, which the drift does not move.
 """
 
 from __future__ import annotations
