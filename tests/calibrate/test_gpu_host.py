@@ -66,6 +66,19 @@ def test_h200_replays_host_bound_fit_and_a_held_out_one():
     assert simulate(mb8.job, start).summary.step_time_s / mb8.step_s - 1 < -0.1  # unscaled
 
 
+@pytest.mark.skipif(not H200.is_dir(), reason="the stored H200 replays are not here")
+def test_only_host_bound_runs_fit_no_kernels_without_a_start_profile_to_keep():
+    """Every run host-bound: their spans time the host's launch lag, so the fit refuses to
+    take kernels from them (one line naming both fixes) unless told to keep the start's."""
+    from twin.calibrate.traces import TraceError
+
+    mb1 = load_run(H200 / "gpt2_small")
+    with pytest.raises(TraceError, match="bound by its host.*start_kernels=true"):
+        fit_traces([mb1], "t")
+    start = CostModel.load(Path(__file__).resolve().parents[2] / "conf" / "profiles" / "h200_sweep.yaml")
+    assert fit_traces([mb1], "t", start, start_kernels=True)[1]["host_bound"]["runs"]
+
+
 def test_measured_host_per_kind_is_shared_out_to_the_issue_time():
     """A host-bound run that recorded its host time per kind: each kind's host_us is its time
     per op, scaled so the ops' sum is the issue time (what else the host did shared out)."""

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from twin.calibrate.profile import bench_op, read_modelled
+from twin.calibrate.profile import base_kind, bench_op, read_modelled  # noqa: F401 - base_kind: public here
 from twin.cost import CostModel, default_cost_model
 from twin.rundir import BENCH_META, MODELLED
 from twin.schedule.ir import Op, Program
@@ -44,11 +44,6 @@ def collective_time(kind: str, n: int, nbytes: float, cluster: ClusterSpec, cost
                  for r in members}
     sim = Simulation(job, progs, cost, SimOptions(), {r: [r] for r in members})
     return sim.run()
-
-
-def base_kind(kind) -> str:
-    """'attention.bwd' -> 'attention': the cost model's kind of a benchmarked kernel."""
-    return str(kind).split(".")[0]
 
 
 def kernel_time(row: dict, cluster: ClusterSpec, cost: CostModel) -> float:

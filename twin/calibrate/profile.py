@@ -60,11 +60,16 @@ def read_modelled(path: Path) -> list[dict]:
     return [r for r in read_csv(Path(path)) if isinstance(r.get("time_s_model"), float)]
 
 
+def base_kind(kind) -> str:
+    """'attention.bwd' -> 'attention': the cost model's kind of a benchmarked kernel."""
+    return str(kind).split(".")[0]
+
+
 def bench_op(row: dict, dtype: str) -> Op:
     """The op a kernel-sweep row timed: its cost-model kind ('attention.bwd' -> 'attention'),
     shape (parsed from '1x32x8x4096x128x1'), dtype (``dtype`` where the row has none), FLOPs
     and bytes."""
-    return Op(name="bench", kind=str(row["kind"]).split(".")[0], stream="compute",
+    return Op(name="bench", kind=base_kind(row["kind"]), stream="compute",
               shape=tuple(int(x) for x in re.findall(r"\d+", str(row.get("shape", "")))),
               dtype=str(row.get("dtype") or dtype), flops=float(row.get("flops") or 0.0),
               bytes=float(row.get("bytes") or 0.0))

@@ -39,7 +39,7 @@ import numpy as np
 from twin import rundir
 from twin.calibrate.busy import BUSY_SHARE, busy_handoff, computing, node_compute
 from twin.calibrate.fit import robust_cv, weighted_median
-from twin.calibrate.gpuhost import gpu_host, host_bound
+from twin.calibrate.gpuhost import HOST_BOUND, gpu_host, host_bound
 from twin.calibrate.profile import fit_collectives, fit_kernels, median_or_none
 from twin.cost import CostModel, default_cost_model
 from twin.kernelshape import timed_flops
@@ -149,7 +149,7 @@ def _stats(samples: list[tuple[tuple, float]]) -> dict:
             "time_s_p90": float(np.percentile(t, 90)), "samples": len(t)}
 
 
-def measurements(runs: list[TracedRun], kernel_runs: list[int] | None = None
+def measurements(runs: list[TracedRun], kernel_runs: set[int] | None = None
                  ) -> tuple[list[dict], list[dict], dict, dict, dict, dict]:
     """What ``runs`` measured: kernel rows of their quiet compute ops and collective rows of
     every collective (as ``paratwin bench`` writes them; collectives pooled, ``role`` "", and
@@ -278,13 +278,17 @@ def fit_traces(runs: list[TracedRun], name: str, base: CostModel | None = None,
     cpu = cluster.intra.kind == "shared_cpu"
     # on a GPU, a host-bound run's spans hold the host's launch lag: its kernels are not timed
     bound = set() if cpu else {i for i, r in enumerate(runs) if host_bound(r)}
-    krows, crows, gaps, handoff, skew, beside = measurements(
-        runs, [i for i in range(len(runs)) if i not in bound] or None)
+    if len(bound) == len(runs) and not start_kernels:
+        raise TraceError(f"traces: every run was bound by its host (it issued each step in "
+                         f"{HOST_BOUND:.0%} of it or more): its spans time the host's launch lag, "
+                         "not kernels; add a run the GPU bounds (a larger micro-batch), or keep a "
+                         "GPU sweep's kernels (start=<its profile> start_kernels=true)")
+    krows, crows, gaps, handoff, skew, beside = measurements(runs, set(range(len(runs))) - bound or None)
     if not krows:
         raise TraceError("traces: no compute op ran alone on its node in these runs; nothing "
                          "to fit (run with fewer ranks than cores, or add runs)")
     dtypes = sorted({r["dtype"] for r in krows})
-    dtype = "fp32" if "fp32" in dtypes and cluster.intra.kind == "shared_cpu" else dtypes[0]
+    dtype = "fp32" if "fp32" in dtypes and cpu else dtypes[0]
     defaults, by_dtype, kfits = fit_kernels(krows, cluster, base, dtype)
     gap_us = {k: per_step(v) for k, v in gaps.items() if v}
     host = {}
